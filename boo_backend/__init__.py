@@ -1,0 +1,34 @@
+"""boo: a torch.compile backend that compiles whole graphs with torch-mlir and IREE.
+
+    model = torch.compile(model, backend="boo")
+
+The backend registers through the `torch_dynamo_backends` entry point, so importing this
+package is not needed for the line above. Controls are in `boo_backend.config`.
+"""
+
+from .backend import boo
+from .cache import STATS, clear_memory
+from .config import BooError, BooFallbackWarning, BooStrictError, Options
+from .graph import PLACEMENTS, Placement
+
+__all__ = [
+    "boo", "BooError", "BooFallbackWarning", "BooStrictError", "Options", "Placement",
+    "placements", "stats", "reset",
+]
+
+
+def placements() -> list[Placement]:
+    """Where the ops of every graph compiled so far in this process went."""
+    return list(PLACEMENTS)
+
+
+def stats() -> dict:
+    """Process-wide counters: iree_compiles, cache_hits_memory, cache_hits_disk, cache_corrupt."""
+    return dict(STATS)
+
+
+def reset() -> None:
+    """Forget counters, placements and the in-memory compile cache (not the disk cache)."""
+    STATS.clear()
+    PLACEMENTS.clear()
+    clear_memory()

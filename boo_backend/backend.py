@@ -1,0 +1,39 @@
+"""The torch.compile entry point: `torch.compile(model, backend="boo")`.
+
+Top of the import chain: backend -> match -> partition -> lower -> compile -> runtime.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+
+import torch.fx as fx
+from torch._dynamo.backends.common import aot_autograd
+
+from . import match
+from .config import Options
+from .graph import CompiledGraph
+
+log = logging.getLogger("boo_backend")
+
+_graph_ids = itertools.count()
+
+
+def boo(gm: fx.GraphModule, example_inputs, options: dict | None = None, **kwargs):
+    """Dynamo backend. `options` is torch.compile's options dict (see boo_backend.config)."""
+    opts = Options.resolve({**(options or {}), **kwargs})
+    graph_id = next(_graph_ids)
+
+    def compiler(kind: str):
+        def compile_graph(graph: fx.GraphModule, _example_inputs):
+            return CompiledGraph(graph, kind, opts, f"{kind}_{graph_id:03d}")
+
+        return compile_graph
+
+    return aot_autograd(
+        fw_compiler=compiler("forward"),
+        bw_compiler=compiler("backward"),
+        inference_compiler=compiler("inference"),
+        decompositions=match.decompositions(opts),
+    )(gm, example_inputs)

@@ -1,0 +1,137 @@
+"""Compile cache, in memory and on disk. A leaf: imports nothing else from boo_backend.
+
+Each entry is a file `<key>.<kind>` holding a small header and the payload:
+
+    b"BOO1" | sha256(payload) (32 bytes) | payload
+
+A file whose header or checksum does not match is reported, deleted and rebuilt, never
+loaded. Files are written to a temporary name in the same directory and renamed into place,
+so a concurrent reader sees either no file or a whole one.
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+import hashlib
+import importlib.metadata
+import json
+import logging
+import os
+import platform
+import tempfile
+from pathlib import Path
+
+log = logging.getLogger("boo_backend")
+
+_MAGIC = b"BOO1"
+_HEADER = len(_MAGIC) + 32
+
+# Process-wide counters; tests read them through boo_backend.stats().
+STATS: collections.Counter = collections.Counter()
+# Process-wide memory cache shared by every CompileCache.
+_MEMORY: dict[str, bytes] = {}
+
+
+@functools.cache
+def tool_versions() -> str:
+    """Versions that change what a compile produces, plus the host CPU it targets."""
+    parts = []
+    for dist in ("boo-backend", "torch", "torch-mlir", "iree-base-compiler", "iree-base-runtime"):
+        try:
+            parts.append(f"{dist}={importlib.metadata.version(dist)}")
+        except importlib.metadata.PackageNotFoundError:
+            parts.append(f"{dist}=?")
+    parts.append(f"machine={platform.machine()}")
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line for line in f if line.startswith(("flags", "Features"))), "")
+        parts.append("cpu=" + hashlib.sha256(flags.encode()).hexdigest()[:16])
+    except OSError:
+        parts.append(f"cpu={platform.processor()}")
+    return ";".join(parts)
+
+
+class CompileCache:
+    """Keyed blobs. `enabled=False` turns off both the memory and the disk layer."""
+
+    def __init__(self, directory: Path, enabled: bool = True):
+        self.directory = Path(directory)
+        self.enabled = enabled
+        self.stats = STATS
+
+    @staticmethod
+    def key(kind: str, *parts: str) -> str:
+        h = hashlib.sha256(tool_versions().encode())
+        for part in parts:
+            h.update(b"\0")
+            h.update(str(part).encode())
+        return f"{h.hexdigest()}.{kind}"
+
+    def _path(self, key: str) -> Path:
+        return self.directory / key
+
+    def get(self, key: str) -> bytes | None:
+        if not self.enabled:
+            return None
+        blob = _MEMORY.get(key)
+        if blob is not None:
+            self.stats["cache_hits_memory"] += 1
+            return blob
+        path = self._path(key)
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            return None
+        except OSError as e:
+            log.warning("boo cache: cannot read %s (%s); rebuilding", path, e)
+            return None
+        payload = data[_HEADER:]
+        if (
+            len(data) < _HEADER
+            or data[: len(_MAGIC)] != _MAGIC
+            or hashlib.sha256(payload).digest() != data[len(_MAGIC) : _HEADER]
+        ):
+            log.warning("boo cache: %s is truncated or corrupted; deleting and rebuilding", path)
+            self.stats["cache_corrupt"] += 1
+            try:
+                path.unlink()
+            except OSError:
+                pass
+            return None
+        self.stats["cache_hits_disk"] += 1
+        _MEMORY[key] = payload
+        return payload
+
+    def put(self, key: str, payload: bytes) -> None:
+        if not self.enabled:
+            return
+        _MEMORY[key] = payload
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=self.directory, prefix=".tmp-", suffix="-" + key)
+            try:
+                with os.fdopen(fd, "wb") as f:
+                    f.write(_MAGIC)
+                    f.write(hashlib.sha256(payload).digest())
+                    f.write(payload)
+                    f.flush()
+                    os.fsync(f.fileno())
+                os.replace(tmp, self._path(key))
+            except BaseException:
+                os.unlink(tmp)
+                raise
+        except OSError as e:
+            log.warning("boo cache: cannot write to %s (%s); continuing without it", self.directory, e)
+
+    def get_json(self, key: str):
+        blob = self.get(key)
+        return None if blob is None else json.loads(blob)
+
+    def put_json(self, key: str, value) -> None:
+        self.put(key, json.dumps(value, sort_keys=True).encode())
+
+
+def clear_memory() -> None:
+    """Forget the in-memory layer (tests use this to simulate a new process)."""
+    _MEMORY.clear()

@@ -1,0 +1,131 @@
+"""IREE compilation: target flags, the compiler call, and its errors.
+
+Imports only config and cache from boo_backend.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import re
+import subprocess
+
+from iree.compiler.tools.binaries import find_tool
+
+from .cache import CompileCache
+from .config import BooError
+
+log = logging.getLogger("boo_backend")
+
+# IREE 3.13 knows CUDA targets up to sm_89. Hopper (sm_90) and Blackwell (sm_100) are
+# rejected as "missing GPU target", so they get sm_89 code, which their drivers run.
+_CUDA_NEWEST = 89
+
+
+@dataclasses.dataclass(frozen=True)
+class Target:
+    """An IREE target: how to compile for it and which runtime driver runs it."""
+
+    name: str  # canonical spelling, e.g. "llvm-cpu", "cuda:sm_80", "rocm:gfx942"
+    flags: tuple[str, ...]
+    driver: str  # iree.runtime driver name
+
+    @property
+    def is_cpu(self) -> bool:
+        return self.driver.startswith("local")
+
+
+def parse_target(spec: str) -> Target:
+    """Turn `llvm-cpu`, `cuda:sm_80` or `rocm:gfx942` (also `hip:`) into a Target."""
+    kind, _, arch = spec.strip().partition(":")
+    kind = kind.lower()
+    if kind in ("llvm-cpu", "cpu"):
+        cpu = arch or "host"
+        return Target(
+            f"llvm-cpu:{cpu}" if arch else "llvm-cpu",
+            (
+                "--iree-hal-target-device=local",
+                "--iree-hal-local-target-device-backends=llvm-cpu",
+                f"--iree-llvmcpu-target-cpu={cpu}",
+                f"--iree-llvmcpu-embedded-linker-path={find_tool('iree-lld')}",
+            ),
+            "local-task",
+        )
+    if kind == "cuda":
+        arch = arch or "sm_80"
+        m = re.fullmatch(r"sm_(\d+)", arch)
+        if not m:
+            raise BooError(f"BOO_TARGET={spec!r}: a CUDA target looks like cuda:sm_80")
+        if int(m.group(1)) > _CUDA_NEWEST:
+            log.info("IREE 3.13 has no %s target; compiling sm_%d code for it", arch, _CUDA_NEWEST)
+            arch = f"sm_{_CUDA_NEWEST}"
+        return Target(
+            f"cuda:{arch}",
+            ("--iree-hal-target-device=cuda", f"--iree-cuda-target={arch}"),
+            "cuda",
+        )
+    if kind in ("rocm", "hip"):
+        arch = arch or "gfx942"
+        return Target(
+            f"rocm:{arch}",
+            ("--iree-hal-target-device=hip", f"--iree-hip-target={arch}"),
+            "hip",
+        )
+    raise BooError(
+        f"unknown IREE target {spec!r}; use llvm-cpu, cuda:sm_XX or rocm:gfxXXXX"
+    )
+
+
+def target_for_device(device) -> Target:
+    """The default target for tensors on `device` (a torch.device)."""
+    if device.type == "cpu":
+        return parse_target("llvm-cpu")
+    if device.type == "cuda":
+        import torch
+
+        if torch.version.hip:
+            arch = torch.cuda.get_device_properties(device).gcnArchName.split(":")[0]
+            return parse_target(f"rocm:{arch}")
+        major, minor = torch.cuda.get_device_capability(device)
+        return parse_target(f"cuda:sm_{major}{minor}")
+    raise BooError(f"boo has no IREE target for device {device}; set BOO_TARGET")
+
+
+class BooCompileError(BooError):
+    """iree-compile failed. Carries the MLIR, the flags and the compiler's diagnostics."""
+
+    def __init__(self, mlir: str, flags: list[str], diagnostics: str):
+        self.mlir = mlir
+        self.flags = flags
+        self.diagnostics = diagnostics
+        numbered = "\n".join(f"{i + 1:5d} {line}" for i, line in enumerate(mlir.splitlines()[:200]))
+        super().__init__(
+            "iree-compile failed\n"
+            f"flags: {' '.join(flags)}\n"
+            f"diagnostics:\n{diagnostics.strip()}\n"
+            f"module (first 200 lines):\n{numbered}"
+        )
+
+    def failing_lines(self) -> list[int]:
+        """1-based lines of the input module that the diagnostics point at."""
+        return sorted({int(n) for n in re.findall(r"<stdin>:(\d+):\d+: error", self.diagnostics)})
+
+
+def compile_flags(target: Target) -> list[str]:
+    return ["--iree-input-type=torch", *target.flags]
+
+
+def compile_mlir(mlir: str, target: Target, cache: CompileCache) -> bytes:
+    """Compile `mlir` (torch dialect text) to a vmfb, through the cache."""
+    flags = compile_flags(target)
+    key = cache.key("vmfb", mlir, *flags, target.name)
+    blob = cache.get(key)
+    if blob is not None:
+        return blob
+    cmd = [find_tool("iree-compile"), "-", *flags, "--mlir-print-op-on-diagnostic=false", "-o", "-"]
+    cache.stats["iree_compiles"] += 1
+    proc = subprocess.run(cmd, input=mlir.encode(), capture_output=True, check=False)
+    if proc.returncode != 0 or not proc.stdout:
+        raise BooCompileError(mlir, flags, proc.stderr.decode(errors="replace"))
+    cache.put(key, proc.stdout)
+    return proc.stdout

@@ -1,0 +1,107 @@
+"""Settings for one compile, read from the environment and from torch.compile(options=...).
+
+This module is a leaf: it imports nothing else from boo_backend.
+
+Every control has one environment variable and one options key of the same meaning:
+
+| env                  | options key         | meaning                                              |
+|----------------------|---------------------|------------------------------------------------------|
+| BOO_STRICT           | strict              | islands and recoveries raise instead of warning      |
+| BOO_FORCE_DECOMPOSE  | force_decompose     | "1"/"all" or a comma list of composites to turn off  |
+| BOO_DUMP_DIR         | dump_dir            | write per-graph artifacts into this directory        |
+| BOO_CACHE            | cache               | "0" turns the compile cache off                      |
+| BOO_CACHE_DIR        | cache_dir           | where the on-disk compile cache lives                |
+| BOO_TARGET           | target              | IREE target: llvm-cpu, cuda:sm_80, rocm:gfx942, ...  |
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off", ""}
+
+
+class BooError(RuntimeError):
+    """An error boo raises on purpose: strict mode, bad settings, or a failed compile."""
+
+
+class BooStrictError(BooError):
+    """Strict mode (BOO_STRICT=1) refused an eager island or a silent recovery."""
+
+
+class BooFallbackWarning(UserWarning):
+    """A part of a graph runs in eager PyTorch instead of IREE."""
+
+
+def _parse_bool(name: str, value) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in _TRUE:
+        return True
+    if text in _FALSE:
+        return False
+    raise BooError(f"{name}={value!r} is not a boolean; use 1 or 0")
+
+
+def _default_cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "boo"
+
+
+@dataclasses.dataclass(frozen=True)
+class Options:
+    """The resolved settings. Build one with `Options.resolve(options)`."""
+
+    strict: bool = False
+    # Raw text of the force-decompose control; the composite registry interprets it.
+    force_decompose: str = ""
+    dump_dir: Path | None = None
+    cache: bool = True
+    cache_dir: Path = dataclasses.field(default_factory=_default_cache_dir)
+    # None: pick from the inputs' device.
+    target: str | None = None
+
+    _ENV = {
+        "strict": "BOO_STRICT",
+        "force_decompose": "BOO_FORCE_DECOMPOSE",
+        "dump_dir": "BOO_DUMP_DIR",
+        "cache": "BOO_CACHE",
+        "cache_dir": "BOO_CACHE_DIR",
+        "target": "BOO_TARGET",
+    }
+
+    @classmethod
+    def resolve(cls, options: dict | None = None) -> "Options":
+        """Environment first, then `options` (torch.compile's options dict) on top."""
+        raw: dict = {}
+        for key, env in cls._ENV.items():
+            if env in os.environ:
+                raw[key] = os.environ[env]
+        for key, value in (options or {}).items():
+            if key not in cls._ENV:
+                valid = ", ".join(sorted(cls._ENV))
+                raise BooError(f"unknown boo option {key!r}; valid options are: {valid}")
+            raw[key] = value
+        kwargs: dict = {}
+        if "strict" in raw:
+            kwargs["strict"] = _parse_bool("strict", raw["strict"])
+        if "cache" in raw:
+            kwargs["cache"] = _parse_bool("cache", raw["cache"])
+        if "force_decompose" in raw:
+            value = raw["force_decompose"]
+            if isinstance(value, (list, tuple, set)):
+                value = ",".join(value)
+            elif isinstance(value, bool):
+                value = "all" if value else ""
+            kwargs["force_decompose"] = str(value).strip()
+        if raw.get("dump_dir"):
+            kwargs["dump_dir"] = Path(raw["dump_dir"])
+        if raw.get("cache_dir"):
+            kwargs["cache_dir"] = Path(raw["cache_dir"])
+        if raw.get("target"):
+            kwargs["target"] = str(raw["target"]).strip()
+        return cls(**kwargs)

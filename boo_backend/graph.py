@@ -1,0 +1,261 @@
+"""One AOTAutograd graph, compiled per concrete input shape and run through IREE.
+
+Imports partition, lower, compile, runtime, cache and config from boo_backend.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import warnings
+
+import torch
+import torch.fx as fx
+
+from . import match
+from .cache import CompileCache
+from .compile import BooCompileError, Target, compile_flags, compile_mlir, parse_target, target_for_device
+from .config import BooError, BooFallbackWarning, BooStrictError, Options
+from .lower import Lowered, lower, mlir_op_name, unregistered_ops
+from .partition import (
+    Plan, compute_nodes, decomposition_table, is_symbolic, node_places, retrace, split_islands,
+)
+from .runtime import IreeFunction
+
+log = logging.getLogger("boo_backend")
+
+# Every graph boo has placed, in order; the demo prints these. See boo_backend.placements().
+PLACEMENTS: list["Placement"] = []
+
+
+@dataclasses.dataclass
+class Placement:
+    """Where the ops of one compiled graph went."""
+
+    name: str
+    kind: str  # forward, backward or inference
+    ops: int
+    iree: int
+    decomposed: int
+    island: int
+    composites: int = 0
+    recovered: bool = False
+    island_ops: tuple[str, ...] = ()
+
+    def line(self) -> str:
+        text = (
+            f"{self.name}: {self.kind} graph, {self.ops} ops: {self.iree} to IREE "
+            f"({self.composites} as composites), {self.decomposed} decomposed at FX level, "
+            f"{self.island} in eager islands"
+        )
+        if self.island_ops:
+            text += f" [{', '.join(self.island_ops)}]"
+        if self.recovered:
+            text += " (compile failed; whole graph ran in eager PyTorch)"
+        return text
+
+
+class _Unlowerable(Exception):
+    """The compiler rejected these torch-mlir op names."""
+
+    def __init__(self, names: set[str]):
+        super().__init__(", ".join(sorted(names)))
+        self.names = names
+
+
+def _failing_ops(err: BooCompileError) -> set[str]:
+    lines = err.mlir.splitlines()
+    names = set()
+    for n in err.failing_lines():
+        if 0 < n <= len(lines):
+            names.update(unregistered_ops(lines[n - 1]))
+            text = lines[n - 1].split("=", 1)[-1].strip()
+            if text.startswith("torch.") and not text.startswith("torch.operator"):
+                names.add(text.split()[0])
+    return names
+
+
+def _contiguous_stride(shape) -> tuple[int, ...]:
+    stride, acc = [], 1
+    for size in reversed(shape):
+        stride.append(acc)
+        acc *= max(size, 1)
+    return tuple(reversed(stride))
+
+
+class IreePart:
+    """A lowered graph with its compiled module: maps graph inputs to IREE and back."""
+
+    def __init__(self, lowered: Lowered, function: IreeFunction | None):
+        self.lowered = lowered
+        self.function = function
+        # Results whose eager strides are not the dense row-major ones IREE produces.
+        self.restride = [
+            (j, shape, stride) for j, (shape, stride) in enumerate(lowered.result_layouts)
+            if len(shape) > 1 and stride != _contiguous_stride(shape) and all(s > 0 for s in shape)
+        ]
+
+    def __call__(self, *args):
+        low = self.lowered
+        results: list = []
+        if self.function is not None:
+            tensors = [args[v] if k == "arg" else v for k, v in low.inputs]
+            results = self.function(tensors, len(low.result_layouts))
+            for j, shape, stride in self.restride:
+                results[j] = torch.empty_strided(shape, stride, dtype=results[j].dtype).copy_(results[j])
+        outs = [args[v] if k == "arg" else results[v] if k == "result" else v for k, v in low.outputs]
+        return tuple(outs) if low.tuple_output else outs[0]
+
+
+class CompiledGraph:
+    """The callable handed back to AOTAutograd (boxed: it takes the argument list)."""
+
+    def __init__(self, gm: fx.GraphModule, kind: str, opts: Options, name: str):
+        # An instance attribute, so that wrappers made with functools.wraps copy it.
+        self._boxed_call = True
+        self.gm = gm
+        self.kind = kind
+        self.opts = opts
+        self.name = name
+        self.symbolic = is_symbolic(gm)
+        self.cache = CompileCache(opts.cache_dir, opts.cache)
+        self._runners: dict = {}
+
+    def _key(self, args) -> tuple:
+        return tuple(tuple(a.shape) if isinstance(a, torch.Tensor) else a for a in args)
+
+    def __call__(self, args):
+        key = self._key(args) if self.symbolic else None
+        runner = self._runners.get(key)
+        if runner is None:
+            runner = self._runners[key] = self._build(list(args), len(self._runners))
+        return runner(*args)
+
+    # -- building -------------------------------------------------------------------------
+
+    def _target(self, args) -> Target:
+        if self.opts.target:
+            return parse_target(self.opts.target)
+        device = next((a.device for a in args if isinstance(a, torch.Tensor)), torch.device("cpu"))
+        return target_for_device(device)
+
+    def _build(self, args: list, index: int):
+        name = self.name if index == 0 else f"{self.name}_s{index}"
+        graph = retrace(self.gm, args) if self.symbolic else self.gm
+        graph, composites = match.apply(graph, self.opts)
+        ops = compute_nodes(graph)
+        plan_key = self.cache.key(
+            "plan", str(graph.graph), self._target(args).name, self.opts.force_decompose,
+            *(f"{a.dtype}{tuple(a.shape)}" for a in args if isinstance(a, torch.Tensor)),
+        )
+        cached = self.cache.get_json(plan_key)
+        plan = Plan.from_json(cached) if cached else Plan()
+        dump = self._dump_dir(name)
+        if dump:
+            (dump / "graph.txt").write_text(graph.print_readable(print_output=False))
+        try:
+            runner = self._assemble_until_placed(graph, args, plan, dump)
+        except BooStrictError:
+            raise
+        except Exception as e:  # anything the compiler stack throws that we cannot attribute
+            if self.opts.strict:
+                raise BooStrictError(f"boo strict: {self.kind} graph {name} failed to compile: {e}") from e
+            warnings.warn(
+                f"boo: {self.kind} graph {name} failed to compile ({type(e).__name__}: {e}); "
+                "running the whole graph in eager PyTorch",
+                BooFallbackWarning,
+                stacklevel=2,
+            )
+            placement = Placement(name, self.kind, len(ops), 0, 0, len(ops), recovered=True)
+            self._record(placement)
+            return self.gm
+        self.cache.put_json(plan_key, plan.to_json())
+        names = [mlir_op_name(n.target) for n in ops]
+        island = sum(n in plan.island for n in names)
+        decomposed = sum(n in plan.decompose and n not in plan.island for n in names)
+        self._record(Placement(
+            name, self.kind, len(ops), len(ops) - island - decomposed, decomposed, island,
+            composites, island_ops=tuple(sorted({str(n.target) for n in ops if mlir_op_name(n.target) in plan.island})),
+        ))
+        return runner
+
+    def _record(self, placement: Placement) -> None:
+        PLACEMENTS.append(placement)
+        log.info("boo %s", placement.line())
+
+    def _dump_dir(self, name: str):
+        if self.opts.dump_dir is None:
+            return None
+        path = self.opts.dump_dir / name
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+
+    def _assemble_until_placed(self, graph: fx.GraphModule, args: list, plan: Plan, dump):
+        """Compile; each time the compiler names ops it cannot lower, move them one step
+        down the fallback order (FX decomposition, then eager island) and try again."""
+        while True:
+            try:
+                return self._assemble(graph, args, plan, dump)
+            except _Unlowerable as e:
+                changed = False
+                for op in sorted(e.names):
+                    if op not in plan.decompose:
+                        plan.decompose.add(op)
+                        log.debug("boo: torch-mlir cannot lower %s; trying its torch._decomp decomposition", op)
+                        changed = True
+                    elif op not in plan.island:
+                        self._make_island(op, "torch-mlir cannot lower it, even decomposed")
+                        plan.island.add(op)
+                        changed = True
+                if not changed:
+                    raise BooError(f"boo: the compiler still rejects {e} after placing it in an eager island")
+
+    def _make_island(self, op: str, why: str) -> None:
+        if self.opts.strict:
+            raise BooStrictError(
+                f"boo strict: {op} would run as an eager PyTorch island in {self.kind} graph "
+                f"{self.name} ({why}). Unset BOO_STRICT to allow islands."
+            )
+        warnings.warn(
+            f"boo: {op} runs as an eager PyTorch island in {self.kind} graph {self.name}: {why}",
+            BooFallbackWarning,
+            stacklevel=4,
+        )
+
+    def _assemble(self, graph: fx.GraphModule, args: list, plan: Plan, dump):
+        table, missing = decomposition_table(graph, plan.decompose - plan.island)
+        for op in sorted(missing - plan.island):
+            self._make_island(op, "torch-mlir cannot lower it and torch._decomp has no decomposition")
+            plan.island.add(op)
+        if table:
+            graph = retrace(graph, args, table)
+        target = self._target(args)
+        places = node_places(graph, plan)
+        if "eager" not in places.values():
+            return self._compile_part(graph, target, dump, "module")
+        outer, place_of_part = split_islands(graph, places)
+        for sub, place in place_of_part.items():
+            if place == "iree":
+                setattr(outer, sub, self._compile_part(getattr(outer, sub), target, dump, sub))
+        return outer
+
+    def _compile_part(self, graph: fx.GraphModule, target: Target, dump, part: str) -> IreePart:
+        lowered = lower(graph)
+        if dump:
+            (dump / f"{part}.mlir").write_text(lowered.mlir)
+            (dump / f"{part}.flags").write_text("\n".join(compile_flags(target)) + "\n")
+        if not compute_nodes(lowered.core):
+            return IreePart(lowered, None)
+        bad = unregistered_ops(lowered.mlir)
+        if bad:
+            raise _Unlowerable(set(bad))
+        try:
+            vmfb = compile_mlir(lowered.mlir, target, self.cache)
+        except BooCompileError as e:
+            names = _failing_ops(e)
+            if names:
+                raise _Unlowerable(names) from e
+            raise
+        if dump:
+            (dump / f"{part}.vmfb").write_bytes(vmfb)
+        return IreePart(lowered, IreeFunction(vmfb, target))

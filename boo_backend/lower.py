@@ -1,0 +1,129 @@
+"""FX -> torch-mlir: cut a graph down to what IREE computes, then import it as torch dialect.
+
+Imports only config from boo_backend.
+
+An AOTAutograd graph returns more than computed tensors: its own inputs (aliases), `None`
+gradients, plain numbers, constants. IREE only sees the *core*: tensor inputs that some
+computation reads, and the tensors that computation produces. Everything else is wired up
+in Python from an output plan.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+import torch
+import torch.fx as fx
+from torch_mlir import fx as tm_fx
+
+from .config import BooError
+
+
+@dataclasses.dataclass
+class Lowered:
+    """A graph ready for IREE, plus how to map its results back to the graph's outputs."""
+
+    mlir: str
+    core: fx.GraphModule
+    # Per IREE argument: ("arg", index into the graph's inputs) or ("const", tensor).
+    inputs: list[tuple]
+    # Per graph output: ("arg", i), ("result", j) or ("value", python_value).
+    outputs: list[tuple]
+    # Per IREE result: the (shape, stride) the graph says it has, or None if unknown.
+    result_layouts: list
+    # The output node's args were a tuple (True) or a single value (False).
+    tuple_output: bool
+
+
+def _is_tensor_value(node: fx.Node) -> bool:
+    return isinstance(node.meta.get("val"), torch.Tensor)
+
+
+def build_core(gm: fx.GraphModule) -> tuple[fx.GraphModule, list, list, list, bool]:
+    """Split `gm` into the IREE core graph and the Python-side input/output plan."""
+    graph = fx.Graph()
+    env: dict[fx.Node, fx.Node] = {}
+    inputs: list[tuple] = []
+    arg_index = 0
+    out_node = next(n for n in gm.graph.nodes if n.op == "output")
+    for node in gm.graph.nodes:
+        if node.op == "placeholder":
+            computes = any(u.op != "output" for u in node.users)
+            if computes and not _is_tensor_value(node):
+                raise BooError(
+                    f"boo: graph input {node.name} is not a tensor ({node.meta.get('val')!r}) "
+                    "but a computation reads it; specialize the graph first"
+                )
+            if computes:
+                env[node] = graph.placeholder(node.name)
+                env[node].meta = dict(node.meta)
+                inputs.append(("arg", arg_index))
+            arg_index += 1
+        elif node.op == "get_attr":
+            value = getattr(gm, node.target)
+            if not isinstance(value, torch.Tensor):
+                raise BooError(f"boo: graph attribute {node.target} is not a tensor")
+            env[node] = graph.placeholder(node.name)
+            env[node].meta = dict(node.meta)
+            env[node].meta.setdefault("val", value)
+            inputs.append(("const", value))
+        elif node.op == "call_function":
+            env[node] = graph.node_copy(node, lambda n: env[n])
+        elif node.op != "output":
+            raise BooError(f"boo: unexpected FX node {node.op} {node.target} in an ATen graph")
+
+    raw = out_node.args[0]
+    tuple_output = isinstance(raw, (tuple, list))
+    flat = list(raw) if tuple_output else [raw]
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    outputs: list[tuple] = []
+    results: list[fx.Node] = []
+    result_layouts: list = []
+    for value in flat:
+        if isinstance(value, fx.Node) and value.op == "placeholder":
+            outputs.append(("arg", placeholders.index(value)))
+        elif isinstance(value, fx.Node):
+            if not _is_tensor_value(value):
+                raise BooError(f"boo: graph output {value.name} is not a tensor; cannot return it from IREE")
+            mapped = env[value]
+            if mapped not in results:
+                results.append(mapped)
+                val = value.meta["val"]
+                result_layouts.append((tuple(val.shape), tuple(val.stride())))
+            outputs.append(("result", results.index(mapped)))
+        else:
+            outputs.append(("value", value))
+    graph.output(tuple(results))
+    core = fx.GraphModule(torch.nn.Module(), graph)
+    core.graph.eliminate_dead_code()
+    core.recompile()
+    return core, inputs, outputs, result_layouts, tuple_output
+
+
+_OPERATOR = re.compile(r'torch\.operator "(torch\.[\w.]+)"')
+
+
+def unregistered_ops(mlir: str) -> list[str]:
+    """torch-mlir names of ops the importer could only emit as opaque `torch.operator`."""
+    return sorted(set(_OPERATOR.findall(mlir)))
+
+
+def import_core(core: fx.GraphModule) -> str:
+    """torch dialect text for `core`, with one public function `main`."""
+    module = tm_fx.stateless_fx_import(core, output_type="raw", model_name="main")
+    return str(module)
+
+
+def lower(gm: fx.GraphModule) -> Lowered:
+    core, inputs, outputs, layouts, tuple_output = build_core(gm)
+    return Lowered(import_core(core), core, inputs, outputs, layouts, tuple_output)
+
+
+def mlir_op_name(target) -> str | None:
+    """The name torch-mlir gives an ATen OpOverload: aten.sum.dim_IntList -> torch.aten.sum.dim_IntList."""
+    if not isinstance(target, torch._ops.OpOverload):
+        return None
+    ns, name = target._schema.name.split("::")
+    overload = target._overloadname
+    return f"torch.{ns}.{name}" + ("" if overload == "default" else f".{overload}")
