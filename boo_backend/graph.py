@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import re
 import warnings
 
 import torch
@@ -18,7 +19,8 @@ from .compile import BooCompileError, Target, compile_flags, compile_mlir, parse
 from .config import BooError, BooFallbackWarning, BooStrictError, Options
 from .lower import Lowered, lower, mlir_op_name, unregistered_ops
 from .partition import (
-    Plan, compute_nodes, decomposition_table, is_symbolic, node_places, retrace, split_islands,
+    Plan, compute_nodes, decomposition_table, is_symbolic, node_places, normalize, retrace,
+    split_islands,
 )
 from .runtime import IreeFunction
 
@@ -63,15 +65,32 @@ class _Unlowerable(Exception):
         self.names = names
 
 
+_OP_LINE = re.compile(r"^\s*(?P<results>%[\w, %]+?)\s*=\s*(?P<op>torch\.[\w.]+)")
+_ATEN = re.compile(r"^torch\.(aten|prims)\.")
+
+
 def _failing_ops(err: BooCompileError) -> set[str]:
+    """ATen op names behind the lines the compiler complained about. A complaint about a
+    constant or a list means its user was left unconverted, so follow the value to it."""
     lines = err.mlir.splitlines()
-    names = set()
-    for n in err.failing_lines():
-        if 0 < n <= len(lines):
-            names.update(unregistered_ops(lines[n - 1]))
-            text = lines[n - 1].split("=", 1)[-1].strip()
-            if text.startswith("torch.") and not text.startswith("torch.operator"):
-                names.add(text.split()[0])
+    names: set[str] = set()
+    todo = [n - 1 for n in err.failing_lines() if 0 < n <= len(lines)]
+    seen: set[int] = set()
+    while todo:
+        i = todo.pop()
+        if i in seen:
+            continue
+        seen.add(i)
+        names.update(unregistered_ops(lines[i]))
+        m = _OP_LINE.match(lines[i])
+        if not m:
+            continue
+        if _ATEN.match(m.group("op")):
+            names.add(m.group("op"))
+            continue
+        for value in re.findall(r"%[\w]+", m.group("results")):
+            use = re.compile(re.escape(value) + r"\b")
+            todo.extend(j for j in range(i + 1, len(lines)) if use.search(lines[j].split("=", 1)[-1]))
     return names
 
 
@@ -83,10 +102,12 @@ def _contiguous_stride(shape) -> tuple[int, ...]:
     return tuple(reversed(stride))
 
 
-class IreePart:
-    """A lowered graph with its compiled module: maps graph inputs to IREE and back."""
+class IreePart(torch.nn.Module):
+    """A lowered graph with its compiled module: maps graph inputs to IREE and back.
+    A Module, so that it can stand in for a submodule of a graph split around islands."""
 
     def __init__(self, lowered: Lowered, function: IreeFunction | None):
+        super().__init__()
         self.lowered = lowered
         self.function = function
         # Results whose eager strides are not the dense row-major ones IREE produces.
@@ -95,7 +116,7 @@ class IreePart:
             if len(shape) > 1 and stride != _contiguous_stride(shape) and all(s > 0 for s in shape)
         ]
 
-    def __call__(self, *args):
+    def forward(self, *args):
         low = self.lowered
         results: list = []
         if self.function is not None:
@@ -143,6 +164,7 @@ class CompiledGraph:
         name = self.name if index == 0 else f"{self.name}_s{index}"
         graph = retrace(self.gm, args) if self.symbolic else self.gm
         graph, composites = match.apply(graph, self.opts)
+        graph = normalize(graph, args)
         ops = compute_nodes(graph)
         plan_key = self.cache.key(
             "plan", str(graph.graph), self._target(args).name, self.opts.force_decompose,
@@ -170,12 +192,13 @@ class CompiledGraph:
             self._record(placement)
             return self.gm
         self.cache.put_json(plan_key, plan.to_json())
+        self._report_islands(plan, name)
         names = [mlir_op_name(n.target) for n in ops]
         island = sum(n in plan.island for n in names)
         decomposed = sum(n in plan.decompose and n not in plan.island for n in names)
         self._record(Placement(
             name, self.kind, len(ops), len(ops) - island - decomposed, decomposed, island,
-            composites, island_ops=tuple(sorted({str(n.target) for n in ops if mlir_op_name(n.target) in plan.island})),
+            composites, island_ops=tuple(sorted(plan.island)),
         ))
         return runner
 
@@ -204,30 +227,33 @@ class CompiledGraph:
                         log.debug("boo: torch-mlir cannot lower %s; trying its torch._decomp decomposition", op)
                         changed = True
                     elif op not in plan.island:
-                        self._make_island(op, "torch-mlir cannot lower it, even decomposed")
                         plan.island.add(op)
                         changed = True
                 if not changed:
                     raise BooError(f"boo: the compiler still rejects {e} after placing it in an eager island")
 
-    def _make_island(self, op: str, why: str) -> None:
-        if self.opts.strict:
+    def _report_islands(self, plan: Plan, name: str) -> None:
+        """One warning per island op, or in strict mode an error naming them."""
+        why = "neither torch-mlir nor a torch._decomp decomposition can lower it"
+        if plan.island and self.opts.strict:
             raise BooStrictError(
-                f"boo strict: {op} would run as an eager PyTorch island in {self.kind} graph "
-                f"{self.name} ({why}). Unset BOO_STRICT to allow islands."
+                f"boo strict: {', '.join(sorted(plan.island))} would run as an eager PyTorch "
+                f"island in {self.kind} graph {name} ({why}). Unset BOO_STRICT to allow islands."
             )
-        warnings.warn(
-            f"boo: {op} runs as an eager PyTorch island in {self.kind} graph {self.name}: {why}",
-            BooFallbackWarning,
-            stacklevel=4,
-        )
+        for op in sorted(plan.island):
+            warnings.warn(
+                f"boo: {op} runs as an eager PyTorch island in {self.kind} graph {name}: {why}",
+                BooFallbackWarning,
+                stacklevel=4,
+            )
 
     def _assemble(self, graph: fx.GraphModule, args: list, plan: Plan, dump):
-        table, missing = decomposition_table(graph, plan.decompose - plan.island)
-        for op in sorted(missing - plan.island):
-            self._make_island(op, "torch-mlir cannot lower it and torch._decomp has no decomposition")
-            plan.island.add(op)
-        if table:
+        # A decomposition may produce further ops the plan decomposes; repeat until none is left.
+        for _ in range(8):
+            table, missing = decomposition_table(graph, plan.decompose - plan.island)
+            plan.island |= missing
+            if not table:
+                break
             graph = retrace(graph, args, table)
         target = self._target(args)
         places = node_places(graph, plan)
@@ -253,6 +279,7 @@ class CompiledGraph:
             vmfb = compile_mlir(lowered.mlir, target, self.cache)
         except BooCompileError as e:
             names = _failing_ops(e)
+            log.debug("boo: iree-compile rejected %s in %s:\n%s", names or "?", self.name, e.diagnostics)
             if names:
                 raise _Unlowerable(names) from e
             raise

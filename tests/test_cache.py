@@ -1,0 +1,120 @@
+"""The compile cache: memory and disk, keys, corruption, concurrent writers, BOO_CACHE=0."""
+
+import json
+import multiprocessing
+import os
+import subprocess
+import sys
+
+import torch
+
+import boo_backend
+from boo_backend.cache import CompileCache
+from util import assert_close
+
+_SCRIPT = r"""
+import json, sys, torch
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4))
+x = torch.randn(5, 8)
+loss = torch.compile(model, backend="boo")(x).square().mean()
+loss.backward()
+import boo_backend
+print(json.dumps({"stats": boo_backend.stats(), "loss": loss.item()}))
+"""
+
+
+def _run_process(cache_dir):
+    env = dict(os.environ, BOO_CACHE_DIR=str(cache_dir), BOO_STRICT="1")
+    out = subprocess.run([sys.executable, "-c", _SCRIPT], env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_second_process_compiles_nothing(tmp_path):
+    first = _run_process(tmp_path)
+    second = _run_process(tmp_path)
+    assert first["stats"].get("iree_compiles", 0) >= 2, first
+    assert second["stats"].get("iree_compiles", 0) == 0, second
+    assert second["stats"].get("cache_hits_disk", 0) >= 2, second
+    assert first["loss"] == second["loss"]
+
+
+def _step(x):
+    return torch.compile(lambda t: (t.exp() * 3).sum(dim=1), backend="boo")(x)
+
+
+def test_corrupted_cache_file_is_rebuilt(tmp_path, monkeypatch):
+    monkeypatch.setenv("BOO_CACHE_DIR", str(tmp_path))
+    x = torch.randn(4, 5)
+    _step(x)
+    files = list(tmp_path.glob("*.vmfb"))
+    assert files, list(tmp_path.iterdir())
+    for f in files:
+        f.write_bytes(f.read_bytes()[: f.stat().st_size // 2])  # truncated
+    boo_backend.reset()
+    torch._dynamo.reset()
+    assert_close(_step(x), (x.exp() * 3).sum(dim=1), "after rebuild")
+    stats = boo_backend.stats()
+    assert stats.get("cache_corrupt", 0) >= 1 and stats.get("iree_compiles", 0) >= 1, stats
+    # The rebuilt file is whole again: a third, fresh start loads it.
+    boo_backend.reset()
+    torch._dynamo.reset()
+    _step(x)
+    assert boo_backend.stats().get("iree_compiles", 0) == 0
+
+
+def test_flipped_byte_is_detected(tmp_path):
+    cache = CompileCache(tmp_path)
+    key = cache.key("vmfb", "module text")
+    cache.put(key, b"payload" * 100)
+    path = tmp_path / key
+    data = bytearray(path.read_bytes())
+    data[-3] ^= 0xFF
+    path.write_bytes(bytes(data))
+    boo_backend.reset()
+    assert cache.get(key) is None
+    assert not path.exists()
+
+
+def test_cache_off_compiles_every_time(tmp_path, monkeypatch):
+    monkeypatch.setenv("BOO_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("BOO_CACHE", "0")
+    boo_backend.reset()
+    x = torch.randn(3, 5)
+    _step(x)
+    torch._dynamo.reset()
+    _step(x)
+    assert boo_backend.stats()["iree_compiles"] == 2
+    assert not any(tmp_path.iterdir())
+
+
+def test_key_covers_text_flags_and_versions(monkeypatch):
+    import boo_backend.cache as cache_mod
+
+    base = CompileCache.key("vmfb", "module", "--flag-a")
+    assert CompileCache.key("vmfb", "module2", "--flag-a") != base
+    assert CompileCache.key("vmfb", "module", "--flag-b") != base
+    monkeypatch.setattr(cache_mod, "tool_versions", lambda: "iree-base-compiler=99")
+    assert CompileCache.key("vmfb", "module", "--flag-a") != base
+
+
+def _writer(directory, key, fill, rounds):
+    cache = CompileCache(directory)
+    for _ in range(rounds):
+        cache.put(key, bytes([fill]) * 3_000_000)
+
+
+def test_concurrent_writers_leave_a_whole_file(tmp_path):
+    key = CompileCache.key("vmfb", "shared")
+    ctx = multiprocessing.get_context("spawn")
+    procs = [ctx.Process(target=_writer, args=(tmp_path, key, fill, 5)) for fill in (1, 2, 3)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=120)
+        assert p.exitcode == 0
+    boo_backend.reset()
+    payload = CompileCache(tmp_path).get(key)
+    assert payload is not None and len(payload) == 3_000_000 and len(set(payload)) == 1
+    assert [p.name for p in tmp_path.iterdir()] == [key], "temporary files were left behind"

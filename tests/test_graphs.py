@@ -1,0 +1,174 @@
+"""Single functions through boo: in-place ops and views, odd outputs, islands, visibility."""
+
+import logging
+import warnings
+
+import pytest
+import torch
+
+import boo_backend
+from util import assert_close
+
+
+def _compile(fn, **kw):
+    return torch.compile(fn, backend="boo", **kw)
+
+
+def inplace_and_views(x, y):
+    x = x.clone()
+    x.add_(1.5)
+    x[:, 1:3] = y[:, :2] * 2          # slice, then write into the slice
+    t = x.transpose(0, 1)            # transpose view
+    t.mul_(0.5)                      # in-place through the view writes x
+    v = x.view(-1)[::2]              # view + strided slice
+    e = y[:1].expand(x.shape[0], -1)  # expand
+    return x, t.contiguous(), v.sum(), e + x
+
+
+def test_inplace_ops_and_views_match_eager():
+    x, y = torch.randn(4, 6), torch.randn(4, 6)
+    assert_close(_compile(inplace_and_views)(x, y), inplace_and_views(x, y), "inplace/view outputs")
+
+
+def test_mutation_of_graph_input_is_applied():
+    def f(buf, z):
+        buf.mul_(2).add_(z)
+        return buf.sum()
+
+    a, b = torch.randn(5, 3), torch.randn(5, 3)
+    a_ref = a.clone()
+    out = _compile(f)(a, b)
+    ref = f(a_ref, b)
+    assert_close(out, ref, "sum")
+    assert_close(a, a_ref, "mutated input")
+
+
+def test_inplace_view_function_gradients():
+    def f(w, x):
+        h = x @ w
+        h[:, :2] = h[:, :2].relu()
+        return h.t().reshape(-1).view(h.shape[1], -1).square().mean()
+
+    w = torch.randn(6, 5, requires_grad=True)
+    x = torch.randn(4, 6)
+    w_ref = w.detach().clone().requires_grad_()
+    out = _compile(f)(w, x)
+    out.backward()
+    ref = f(w_ref, x)
+    ref.backward()
+    assert_close(out, ref, "loss")
+    assert_close(w.grad, w_ref.grad, "grad")
+
+
+def test_outputs_zero_dim_int_bool_constants_and_strides():
+    def f(x, idx, mask):
+        const = torch.tensor([1.0, -2.0, 3.0])  # becomes a constant of the graph
+        s = (x * const).sum()                 # 0-d result
+        i = idx * 3 + x.shape[0]              # int64
+        b = mask & (x[0] > 0)                 # bool
+        t = (x * 2).t()                       # non-contiguous output
+        return s, i, b, t, x                  # x: output that is an input
+
+    x = torch.randn(4, 3)
+    idx = torch.randint(-5, 5, (3,), dtype=torch.int64)
+    mask = torch.tensor([True, False, True])
+    ours = _compile(f)(x, idx, mask)
+    ref = f(x, idx, mask)
+    assert_close(ours, ref, "outputs")
+    for i, (a, b) in enumerate(zip(ours, ref)):
+        assert a.stride() == b.stride(), f"output {i} stride: ours={a.stride()} | torch={b.stride()}"
+    assert ours[4] is x or ours[4].data_ptr() == x.data_ptr()
+
+
+def test_output_aliasing_input_view():
+    def f(x):
+        return x.view(2, -1), x[1:], x * 2
+
+    x = torch.randn(4, 6)
+    ours = _compile(f)(x)
+    assert_close(ours, f(x), "outputs")
+    assert ours[0].data_ptr() == x.data_ptr(), "a view output must alias its input, as in eager"
+    x.add_(1)
+    assert_close(ours[1], x[1:], "alias follows its base")
+
+
+def test_non_contiguous_and_unaligned_inputs():
+    def f(a, b):
+        return a * b + 1
+
+    base = torch.randn(1, 4 * 6 + 1)
+    a = base[0, 1:].view(4, 6)           # storage offset 1: not 64-byte aligned
+    b = torch.randn(6, 4).t()            # non-contiguous
+    assert_close(_compile(f)(a, b), f(a, b), "result")
+
+
+def cummax_fn(x):
+    values, indices = torch.cummax(x * 2, dim=1)
+    return values.sin() + 1, indices
+
+
+def test_eager_island_warns_once_and_matches(monkeypatch):
+    monkeypatch.setenv("BOO_STRICT", "0")
+    boo_backend.reset()
+    x = torch.randn(3, 7)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        ours = _compile(cummax_fn)(x)
+        _compile(cummax_fn)(x)
+    assert_close(ours, cummax_fn(x), "island outputs")
+    msgs = [str(w.message) for w in caught if issubclass(w.category, boo_backend.BooFallbackWarning)]
+    assert len(msgs) == 1 and "aten.cummax" in msgs[0], msgs
+    (placement,) = boo_backend.placements()
+    assert placement.island == 1 and placement.iree >= 2, placement.line()
+
+
+def test_strict_mode_refuses_island():
+    with pytest.raises(boo_backend.BooStrictError, match="aten.cummax"):
+        _compile(cummax_fn)(torch.randn(3, 7))
+
+
+def test_fx_level_decomposition_for_op_torch_mlir_cannot_lower():
+    """native_layer_norm_backward: torch-mlir rejects it, torch._decomp rescues it (no island)."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from boo_backend.config import Options
+    from boo_backend.graph import CompiledGraph
+
+    def f(g, x, mean, rstd, w, b):
+        return torch.ops.aten.native_layer_norm_backward(g, x, [8], mean, rstd, w, b, [True, True, True])
+
+    x = torch.randn(5, 8)
+    _, mean, rstd = torch.ops.aten.native_layer_norm(x, [8], None, None, 1e-5)
+    args = [torch.randn(5, 8), x, mean, rstd, torch.randn(8), torch.randn(8)]
+    boo_backend.reset()
+    graph = CompiledGraph(make_fx(f)(*args), "backward", Options.resolve(), "nlnb")
+    assert_close(list(graph(args)), list(f(*args)), "layer norm backward")
+    (placement,) = boo_backend.placements()
+    assert (placement.decomposed, placement.island) == (1, 0), placement.line()
+
+
+def test_placement_logged_at_info(caplog):
+    boo_backend.reset()
+    with caplog.at_level(logging.INFO, logger="boo_backend"):
+        x = torch.randn(3, 5, requires_grad=True)
+        _compile(lambda t: (t.sin() * 2).sum())(x).backward()
+    lines = [r.getMessage() for r in caplog.records if r.name == "boo_backend" and r.levelno == logging.INFO]
+    assert any("forward graph" in m and "to IREE" in m and "decomposed at FX level" in m and "eager islands" in m for m in lines), lines
+    assert any("backward graph" in m for m in lines), lines
+
+
+def test_dump_dir(tmp_path, monkeypatch):
+    monkeypatch.setenv("BOO_DUMP_DIR", str(tmp_path))
+    monkeypatch.setenv("BOO_CACHE", "0")
+    _compile(lambda t: t.cos() + 1)(torch.randn(4))
+    (graph_dir,) = [p for p in tmp_path.iterdir() if p.is_dir()]
+    names = {p.name for p in graph_dir.iterdir()}
+    assert {"graph.txt", "module.mlir", "module.flags", "module.vmfb"} <= names, names
+    assert "torch.aten.cos" in (graph_dir / "module.mlir").read_text()
+    assert "llvm-cpu" in (graph_dir / "module.flags").read_text()
+    assert (graph_dir / "module.vmfb").stat().st_size > 0
+
+
+def test_unknown_option_is_an_error():
+    with pytest.raises(Exception, match="valid options"):
+        torch.compile(lambda t: t + 1, backend="boo", options={"stirct": True})(torch.randn(2))
