@@ -94,6 +94,16 @@ def _failing_ops(err: BooCompileError) -> set[str]:
     return names
 
 
+def _describe(graph: fx.GraphModule) -> str:
+    """The graph as matched: its code, then one line per node a composite computes."""
+    lines = [graph.print_readable(print_output=False), "", "# composites:"]
+    for node in graph.graph.nodes:
+        call = node.meta.get(match.META_KEY)
+        if call:
+            lines.append(f"#   {node.name}: {call.entry.name} v{call.entry.version} {call.params}")
+    return "\n".join(lines) + "\n"
+
+
 def _contiguous_stride(shape) -> tuple[int, ...]:
     stride, acc = [], 1
     for size in reversed(shape):
@@ -163,7 +173,6 @@ class CompiledGraph:
     def _build(self, args: list, index: int):
         name = self.name if index == 0 else f"{self.name}_s{index}"
         graph = retrace(self.gm, args) if self.symbolic else self.gm
-        graph, composites = match.apply(graph, self.opts)
         graph = normalize(graph, args)
         ops = compute_nodes(graph)
         plan_key = self.cache.key(
@@ -173,10 +182,8 @@ class CompiledGraph:
         cached = self.cache.get_json(plan_key)
         plan = Plan.from_json(cached) if cached else Plan()
         dump = self._dump_dir(name)
-        if dump:
-            (dump / "graph.txt").write_text(graph.print_readable(print_output=False))
         try:
-            runner = self._assemble_until_placed(graph, args, plan, dump)
+            runner, composites = self._assemble_until_placed(graph, args, plan, dump)
         except BooStrictError:
             raise
         except Exception as e:  # anything the compiler stack throws that we cannot attribute
@@ -255,15 +262,18 @@ class CompiledGraph:
             if not table:
                 break
             graph = retrace(graph, args, table)
+        graph, composites = match.apply(graph, args, self.opts)
+        if dump:
+            (dump / "graph.txt").write_text(_describe(graph))
         target = self._target(args)
         places = node_places(graph, plan)
         if "eager" not in places.values():
-            return self._compile_part(graph, target, dump, "module")
+            return self._compile_part(graph, target, dump, "module"), composites
         outer, place_of_part = split_islands(graph, places)
         for sub, place in place_of_part.items():
             if place == "iree":
                 setattr(outer, sub, self._compile_part(getattr(outer, sub), target, dump, sub))
-        return outer
+        return outer, composites
 
     def _compile_part(self, graph: fx.GraphModule, target: Target, dump, part: str) -> IreePart:
         lowered = lower(graph)

@@ -18,6 +18,7 @@ import torch.fx as fx
 from torch_mlir import fx as tm_fx
 
 from .config import BooError
+from .embed import embed, mlir_op_name
 
 
 @dataclasses.dataclass
@@ -34,6 +35,8 @@ class Lowered:
     result_layouts: list
     # The output node's args were a tuple (True) or a single value (False).
     tuple_output: bool
+    # Composite kernel functions in the module.
+    kernels: list[str] = dataclasses.field(default_factory=list)
 
 
 def _is_tensor_value(node: fx.Node) -> bool:
@@ -109,21 +112,15 @@ def unregistered_ops(mlir: str) -> list[str]:
     return sorted(set(_OPERATOR.findall(mlir)))
 
 
-def import_core(core: fx.GraphModule) -> str:
-    """torch dialect text for `core`, with one public function `main`."""
+def import_core(core: fx.GraphModule) -> tuple[str, list[str]]:
+    """torch dialect text for `core`, with one public function `main` and the composite
+    kernels it calls; also the kernels' function names."""
     module = tm_fx.stateless_fx_import(core, output_type="raw", model_name="main")
-    return str(module)
+    kernels = embed(module, core.graph)
+    return str(module), kernels
 
 
 def lower(gm: fx.GraphModule) -> Lowered:
     core, inputs, outputs, layouts, tuple_output = build_core(gm)
-    return Lowered(import_core(core), core, inputs, outputs, layouts, tuple_output)
-
-
-def mlir_op_name(target) -> str | None:
-    """The name torch-mlir gives an ATen OpOverload: aten.sum.dim_IntList -> torch.aten.sum.dim_IntList."""
-    if not isinstance(target, torch._ops.OpOverload):
-        return None
-    ns, name = target._schema.name.split("::")
-    overload = target._overloadname
-    return f"torch.{ns}.{name}" + ("" if overload == "default" else f".{overload}")
+    text, kernels = import_core(core)
+    return Lowered(text, core, inputs, outputs, layouts, tuple_output, kernels)

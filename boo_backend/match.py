@@ -1,23 +1,111 @@
-"""Step 1 of a graph's journey: replace ATen nodes by composite kernels.
+"""Step 1 of a graph's journey: mark ATen nodes that a composite kernel will compute.
 
-The composite registry arrives with the composites; until then nothing matches and every
-node goes down torch-mlir's path.
+Imports the composite registry (a leaf) and partition (for retracing).
+
+A matched node stays an ATen node in the FX graph, carrying `node.meta["boo_composite"]`;
+lower.py swaps it for a call to the rendered kernel after torch-mlir imports the graph.
+Nodes that a composite declines keep going down torch-mlir's path; the reason is logged at
+debug level.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import logging
+import operator
+
+import torch
 import torch.fx as fx
 
+from . import composites
 from .config import Options
+from .partition import retrace
+
+log = logging.getLogger("boo_backend")
+
+META_KEY = "boo_composite"
 
 
-def apply(gm: fx.GraphModule, opts: Options) -> tuple[fx.GraphModule, int]:
-    """Rewrite matched nodes in `gm`; returns the graph and how many nodes became composites."""
-    return gm, 0
+@dataclasses.dataclass(frozen=True)
+class CompositeCall:
+    """A matched node: which composite computes it, with which template parameters."""
+
+    entry: composites.Composite
+    params: dict
+    # Positions of the op's arguments that the kernel takes, in order (absent ones dropped).
+    arg_positions: tuple[int, ...]
+    # Indices of the op's results the kernel returns, in order.
+    results: tuple[int, ...]
+
+
+def _value(a):
+    return a.meta.get("val") if isinstance(a, fx.Node) else a
+
+
+def _outs(node: fx.Node) -> list:
+    val = node.meta.get("val")
+    return list(val) if isinstance(val, (tuple, list)) else [val]
+
+
+def _used_results(node: fx.Node, outs: list) -> set[int]:
+    if len(outs) == 1:
+        return {0}
+    used = set()
+    for user in node.users:
+        if user.target is operator.getitem:
+            used.add(user.args[1])
+        else:
+            used.update(range(len(outs)))
+    return used
+
+
+def _match_node(node: fx.Node, entry: composites.Composite) -> CompositeCall | str:
+    args = [_value(a) for a in node.args]
+    kwargs = {k: _value(v) for k, v in node.kwargs.items()}
+    outs = _outs(node)
+    reason = entry.accepts(args, kwargs, outs)
+    if reason:
+        return reason
+    produced = tuple(i for i, o in enumerate(outs) if o is not None)
+    if not _used_results(node, outs) <= set(produced):
+        return "a result the kernel does not produce is used"
+    positions = tuple(i for i in entry.tensor_args if i < len(args) and args[i] is not None)
+    return CompositeCall(entry, entry.params(args, kwargs, outs), positions, produced)
+
+
+def apply(gm: fx.GraphModule, args: list, opts: Options) -> tuple[fx.GraphModule, int]:
+    """Mark the nodes enabled composites accept; returns the graph and how many were marked."""
+    enabled = composites.enabled(opts.force_decompose)
+    present = {n.target for n in gm.graph.nodes if n.op == "call_function"} & set(enabled)
+    if not present:
+        return gm, 0
+    canonical = {op: enabled[op].canonical for op in present if enabled[op].canonical}
+    if canonical:
+        gm = retrace(gm, args, canonical)
+    matched = 0
+    for node in gm.graph.nodes:
+        entry = enabled.get(node.target) if node.op == "call_function" else None
+        if entry is None:
+            continue
+        result = _match_node(node, entry)
+        if isinstance(result, str):
+            log.debug("boo: composite %s declines %s: %s", entry.name, node.name, result)
+            continue
+        node.meta[META_KEY] = result
+        matched += 1
+    return gm, matched
 
 
 def decompositions(opts: Options) -> dict:
-    """The decomposition table for AOTAutograd: core ATen minus the composites kept."""
+    """The decomposition table for AOTAutograd: core ATen minus the enabled composites."""
     from torch._decomp import core_aten_decompositions
 
-    return dict(core_aten_decompositions())
+    table = dict(core_aten_decompositions())
+    for op in composites.enabled(opts.force_decompose):
+        table.pop(op, None)
+    return table
+
+
+def is_composite(node: fx.Node) -> bool:
+    return META_KEY in node.meta
+

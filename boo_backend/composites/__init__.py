@@ -1,0 +1,104 @@
+"""The composite registry: one entry per ATen OpOverload that boo replaces by a kernel.
+
+A leaf: imports only config from boo_backend. Adding a composite means one entry (in the
+family module under this package), one template `kernels/<name>.mlir`, and one test row.
+
+An entry says, for a node of its op:
+- `accepts(args, kwargs, outs)`: None to take the node, or the reason it declines;
+- `params(args, kwargs, outs)`: the template parameters (also the kernel's identity);
+- `reference`: the decomposition it replaces (a torch._decomp entry), used when it is off;
+- `canonical`: optional, rewrites a call into the shapes the kernel is written for;
+- `tensor_args`: positions of the op's tensor arguments the kernel takes (None ones dropped).
+`args`/`kwargs` hold FakeTensors for tensors; `outs` the op's FakeTensor results.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from typing import Callable
+
+import torch
+
+from ..config import BooError
+
+# Dtypes a kernel accepts, with their MLIR element type. Low precision accumulates in f32.
+ELEMENT_TYPES = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Composite:
+    op: torch._ops.OpOverload
+    accepts: Callable[..., str | None]
+    params: Callable[..., dict]
+    reference: Callable
+    tensor_args: tuple[int, ...]
+    canonical: Callable | None = None
+    version: int = 1
+
+    @property
+    def name(self) -> str:
+        """The ATen op without its overload: `gelu_backward`. Names the template, test and driver op."""
+        return self.op._schema.name.split("::")[1]
+
+    @property
+    def template(self) -> str:
+        return f"{self.name}.mlir"
+
+
+REGISTRY: dict[torch._ops.OpOverload, Composite] = {}
+
+
+def register(entry: Composite) -> Composite:
+    if entry.op in REGISTRY:
+        raise BooError(f"composite for {entry.op} registered twice")
+    REGISTRY[entry.op] = entry
+    return entry
+
+
+def by_name(name: str) -> Composite:
+    for entry in REGISTRY.values():
+        if entry.name == name:
+            return entry
+    raise BooError(f"unknown composite {name!r}; valid names are: {', '.join(names())}")
+
+
+def names() -> list[str]:
+    return sorted(entry.name for entry in REGISTRY.values())
+
+
+def function_name(entry: Composite, params: dict) -> str:
+    """The one place a kernel's MLIR function name is made: name, version, parameter hash."""
+    digest = hashlib.sha256(json.dumps(params, sort_keys=True, default=str).encode()).hexdigest()[:10]
+    return f"boo.{entry.name}.v{entry.version}.{digest}"
+
+
+def disabled(force_decompose: str) -> set[torch._ops.OpOverload]:
+    """The ops BOO_FORCE_DECOMPOSE turns off: "1"/"all" -> every one, else a comma list."""
+    text = (force_decompose or "").strip()
+    if text.lower() in ("", "0", "none", "false", "off"):
+        return set()
+    if text.lower() in ("1", "all", "true", "on"):
+        return set(REGISTRY)
+    return {by_name(name.strip()).op for name in text.split(",") if name.strip()}
+
+
+def enabled(force_decompose: str) -> dict[torch._ops.OpOverload, Composite]:
+    off = disabled(force_decompose)
+    return {op: entry for op, entry in REGISTRY.items() if op not in off}
+
+
+def common_decline(tensors: list, outs: list) -> str | None:
+    """Checks every kernel shares: float dtype, one dtype, on a device, fully static sizes."""
+    for t in [*tensors, *outs]:
+        if t is None:
+            continue
+        if t.dtype not in ELEMENT_TYPES:
+            return f"dtype {t.dtype} (kernels take {', '.join(map(str, ELEMENT_TYPES))})"
+        if any(not isinstance(s, int) for s in t.shape):
+            return "symbolic shape"
+    return None
+
+
+from . import gelu, layer_norm  # noqa: E402,F401  (families register themselves)

@@ -1,0 +1,139 @@
+"""Layer norm forward and the combined backward (dx, dweight, dbias in one kernel).
+
+Kernels are written for a 2-D input [M, N] normalized over its last dim; `canonical`
+reshapes any other call (several trailing normalized dims, extra batch dims) into that form.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch._decomp import decomposition_table
+
+from . import ELEMENT_TYPES, Composite, common_decline, register
+
+aten = torch.ops.aten
+
+
+def _rows_cols(x: torch.Tensor, normalized_shape) -> tuple[int, int]:
+    n = math.prod(normalized_shape)
+    m = math.prod(x.shape[: x.dim() - len(normalized_shape)])
+    return m, n
+
+
+def _flat(t, shape):
+    return None if t is None else aten.reshape.default(t, shape)
+
+
+def _is_canonical(x, normalized_shape) -> bool:
+    return x.dim() == 2 and len(normalized_shape) == 1
+
+
+def _decline(x, normalized_shape, weight, bias, outs) -> str | None:
+    if _rows_cols(x, normalized_shape)[1] == 0:
+        return "empty normalized shape"
+    dtypes = {t.dtype for t in (x, weight, bias) if t is not None}
+    if len(dtypes) != 1:
+        return f"mixed dtypes {sorted(map(str, dtypes))}"
+    return common_decline([x, weight, bias], [o for o in outs if o is not None])
+
+
+# -- native_layer_norm(input, normalized_shape, weight, bias, eps) -> (out, mean, rstd) --------
+
+
+def _forward_accepts(args, kwargs, outs):
+    x, normalized_shape, weight, bias, _eps = args
+    return _decline(x, normalized_shape, weight, bias, outs)
+
+
+def _forward_params(args, kwargs, outs):
+    x, normalized_shape, weight, bias, eps = args
+    m, n = _rows_cols(x, normalized_shape)
+    return {
+        "M": m, "N": n, "eps": float(eps),
+        "dtype": ELEMENT_TYPES[x.dtype], "stat_dtype": ELEMENT_TYPES[outs[1].dtype],
+        "has_weight": weight is not None, "has_bias": bias is not None,
+    }
+
+
+def _forward_canonical(x, normalized_shape, weight, bias, eps):
+    if _is_canonical(x, normalized_shape):
+        return NotImplemented
+    m, n = _rows_cols(x, normalized_shape)
+    out, mean, rstd = aten.native_layer_norm.default(
+        _flat(x, [m, n]), [n], _flat(weight, [n]), _flat(bias, [n]), eps
+    )
+    stat_shape = list(x.shape[: x.dim() - len(normalized_shape)]) + [1] * len(normalized_shape)
+    return _flat(out, list(x.shape)), _flat(mean, stat_shape), _flat(rstd, stat_shape)
+
+
+register(Composite(
+    op=aten.native_layer_norm.default,
+    accepts=_forward_accepts,
+    params=_forward_params,
+    reference=decomposition_table[aten.native_layer_norm.default],
+    tensor_args=(0, 2, 3),
+    canonical=_forward_canonical,
+))
+
+
+# -- native_layer_norm_backward(grad_out, input, normalized_shape, mean, rstd, weight, bias,
+#                               output_mask) -> (dx, dweight, dbias) --------------------------
+
+
+def _backward_accepts(args, kwargs, outs):
+    grad, x, normalized_shape, mean, rstd, weight, bias, mask = args
+    if mask[1] and weight is None or mask[2] and bias is None:
+        return "a gradient asked for an absent weight or bias"
+    if not any(mask):
+        return "no output asked for"
+    if grad.dtype != x.dtype or mean.dtype != rstd.dtype:
+        return "mixed dtypes"
+    return _decline(x, normalized_shape, weight, bias, outs)
+
+
+def column_split(m: int) -> int:
+    """How many row blocks the column sums (dweight, dbias) are split into: partial sums per
+    block run in parallel, then one short reduction adds the blocks. A divisor of m."""
+    for blocks in (64, 32, 16, 8, 4, 2):
+        if m % blocks == 0 and m // blocks >= 8:
+            return blocks
+    return 1
+
+
+def _backward_params(args, kwargs, outs):
+    grad, x, normalized_shape, mean, rstd, weight, bias, mask = args
+    m, n = _rows_cols(x, normalized_shape)
+    return {
+        "M": m, "N": n,
+        "dtype": ELEMENT_TYPES[x.dtype], "stat_dtype": ELEMENT_TYPES[mean.dtype],
+        "has_weight": weight is not None, "has_bias": bias is not None,
+        "output_mask": [bool(b) for b in mask],
+        "blocks": column_split(m),
+    }
+
+
+def _backward_canonical(grad, x, normalized_shape, mean, rstd, weight, bias, mask):
+    if _is_canonical(x, normalized_shape):
+        return NotImplemented
+    m, n = _rows_cols(x, normalized_shape)
+    dx, dw, db = aten.native_layer_norm_backward.default(
+        _flat(grad, [m, n]), _flat(x, [m, n]), [n], _flat(mean, [m, 1]), _flat(rstd, [m, 1]),
+        _flat(weight, [n]), _flat(bias, [n]), mask,
+    )
+    return (
+        _flat(dx, list(x.shape)),
+        None if dw is None else _flat(dw, list(weight.shape)),
+        None if db is None else _flat(db, list(bias.shape)),
+    )
+
+
+register(Composite(
+    op=aten.native_layer_norm_backward.default,
+    accepts=_backward_accepts,
+    params=_backward_params,
+    reference=decomposition_table[aten.native_layer_norm_backward.default],
+    tensor_args=(0, 1, 3, 4, 5),
+    canonical=_backward_canonical,
+))

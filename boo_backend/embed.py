@@ -1,0 +1,134 @@
+"""Swap matched ATen ops in an imported torch-dialect module for calls to composite kernels.
+
+Part of the lower step; imports only the composite registry and templates (leaves).
+
+torch-mlir's importer emits one op per FX node, in graph order, so the k-th op named
+`torch.aten.gelu_backward` in `main` is the k-th `gelu_backward` node of the graph. For a
+matched node the op is replaced by: `torch_c.to_builtin_tensor` on each tensor operand, a
+`func.call` to the kernel (a private function rendered from kernels/<name>.mlir), and
+`torch_c.from_builtin_tensor` on each result. IREE inlines the kernel into the graph, so it
+fuses with its neighbours like any other op.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.fx as fx
+from torch_mlir import ir
+from torch_mlir.dialects import func as func_d
+
+from . import composites, templates
+from .config import BooError
+
+META_KEY = "boo_composite"
+
+_ELEMENT = {
+    torch.float32: ir.F32Type.get,
+    torch.bfloat16: ir.BF16Type.get,
+    torch.float16: ir.F16Type.get,
+}
+
+
+def _builtin(t: torch.Tensor) -> ir.Type:
+    return ir.RankedTensorType.get(list(t.shape), _ELEMENT[t.dtype]())
+
+
+def _kernel_text(call) -> tuple[str, str]:
+    entry = call.entry
+    name = composites.function_name(entry, call.params)
+    text = templates.render(
+        entry.template, func_name=name, composite=entry.name, version=entry.version, **call.params
+    )
+    return name, text
+
+
+def _parse_kernel(text: str, entry) -> ir.Module:
+    try:
+        return ir.Module.parse(text)
+    except Exception as e:  # MLIRError: the rendered kernel is not valid MLIR
+        raise BooError(
+            f"kernel template {entry.template} rendered invalid MLIR: {e}\n{templates.numbered(text)}"
+        ) from e
+
+
+def _main(module: ir.Module) -> ir.Operation:
+    for op in module.body.operations:
+        if ir.StringAttr(op.attributes["sym_name"]).value == "main":
+            return op
+    raise BooError("imported module has no @main")
+
+
+def _erase_dead_producers(values) -> None:
+    """Erase the constants and lists that fed a replaced op and have no other use."""
+    for value in values:
+        op = getattr(value.owner, "operation", None)  # None for block arguments
+        if op is None or not op.name.startswith(("torch.constant.", "torch.prim.ListConstruct")):
+            continue
+        if all(not list(r.uses) for r in op.results):
+            operands = list(op.operands)
+            op.erase()
+            _erase_dead_producers(operands)
+
+
+def mlir_op_name(target) -> str | None:
+    """The name torch-mlir gives an ATen OpOverload: aten.sum.dim_IntList -> torch.aten.sum.dim_IntList."""
+    if not isinstance(target, torch._ops.OpOverload):
+        return None
+    ns, name = target._schema.name.split("::")
+    overload = target._overloadname
+    return f"torch.{ns}.{name}" + ("" if overload == "default" else f".{overload}")
+
+
+def embed(module: ir.Module, graph: fx.Graph) -> list[str]:
+    """Replace the ops of matched nodes; returns the kernel function names used."""
+    calls: dict[str, list] = {}
+    for node in graph.nodes:
+        name = mlir_op_name(node.target) if node.op == "call_function" else None
+        if name:
+            calls.setdefault(name, []).append((node, node.meta.get(META_KEY)))
+    if not any(call for entries in calls.values() for _, call in entries):
+        return []
+
+    ctx = module.context
+    ctx.allow_unregistered_dialects = True  # torch_c has no Python registration
+    used: dict[str, ir.Operation] = {}
+    with ctx, ir.Location.unknown():
+        body = _main(module).regions[0].blocks[0]
+        for op in list(body.operations):
+            pending = calls.get(op.name)
+            if not pending:
+                continue
+            node, call = pending.pop(0)
+            if call is None:
+                continue
+            fname, text = _kernel_text(call)
+            if fname not in used:
+                kernel = _parse_kernel(text, call.entry)
+                for kop in list(kernel.body.operations):
+                    kop.detach_from_parent()
+                    module.body.append(kop)
+                    used[fname] = kop
+            outs = node.meta["val"] if isinstance(node.meta["val"], (tuple, list)) else [node.meta["val"]]
+            operands = list(op.operands)
+            with ir.InsertionPoint(op):
+                ins = [
+                    ir.Operation.create(
+                        "torch_c.to_builtin_tensor", results=[_builtin(node.args[i].meta["val"])],
+                        operands=[operands[i]],
+                    ).result
+                    for i in call.arg_positions
+                ]
+                result_types = [_builtin(outs[i]) for i in call.results]
+                kcall = func_d.CallOp(result_types, ir.FlatSymbolRefAttr.get(fname), ins)
+                for k, i in enumerate(call.results):
+                    back = ir.Operation.create(
+                        "torch_c.from_builtin_tensor", results=[op.results[i].type],
+                        operands=[kcall.results[k]],
+                    )
+                    op.results[i].replace_all_uses_with(back.result)
+            for r in op.results:
+                if list(r.uses):
+                    raise BooError(f"boo: {node.name}: a result the composite does not compute is still used")
+            op.erase()
+            _erase_dead_producers(operands)
+    return list(used)

@@ -1,0 +1,68 @@
+{#- Shared pieces for every kernel template. Import with:
+      {% import "_helpers.mlir" as h %}
+    Low-precision inputs (bf16, f16) are widened to f32 for arithmetic and narrowed on store. -#}
+
+{#- `tensor<4x8xf32>`; rank 0 gives `tensor<f32>`. -#}
+{% macro tensor(shape, dtype) -%}
+tensor<{% for d in shape %}{{ d }}x{% endfor %}{{ dtype }}>
+{%- endmacro %}
+
+{#- affine_map<(d0, d1) -> (d0, d1)> restricted to the dims in `keep` (default: all). -#}
+{% macro map(rank, keep=None) -%}
+affine_map<({% for i in range(rank) %}d{{ i }}{{ ", " if not loop.last }}{% endfor %}) -> ({% for i in (range(rank) if keep is none else keep) %}d{{ i }}{{ ", " if not loop.last }}{% endfor %})>
+{%- endmacro %}
+
+{% macro iterators(kinds) -%}
+[{% for k in kinds %}"{{ k }}"{{ ", " if not loop.last }}{% endfor %}]
+{%- endmacro %}
+
+{#- Widen `%value` of `dtype` to f32 as `%name`; nothing to emit when it is already f32.
+    Refer to the result with f32ref(name, value, dtype). -#}
+{% macro to_f32(name, value, dtype) -%}
+{% if dtype != "f32" %}%{{ name }} = arith.extf %{{ value }} : {{ dtype }} to f32{% endif %}
+{%- endmacro %}
+
+{% macro f32ref(name, value, dtype) -%}
+%{{ name if dtype != "f32" else value }}
+{%- endmacro %}
+
+{#- Narrow f32 `%value` to `dtype` as `%name`; refer to it with narrowref(). -#}
+{% macro from_f32(name, value, dtype) -%}
+{% if dtype != "f32" %}%{{ name }} = arith.truncf %{{ value }} : f32 to {{ dtype }}{% endif %}
+{%- endmacro %}
+
+{% macro narrowref(name, value, dtype) -%}
+%{{ name if dtype != "f32" else value }}
+{%- endmacro %}
+
+{#- An MLIR attribute for a Python value. -#}
+{% macro attr(v) -%}
+{% if v is sameas true %}true{% elif v is sameas false %}false{% elif v is string %}"{{ v }}"{% elif v is float %}{{ "%.17e"|format(v) }} : f64{% elif v is integer %}{{ v }} : i64{% else %}[{% for x in v %}{{ attr(x) }}{{ ", " if not loop.last }}{% endfor %}]{% endif %}
+{%- endmacro %}
+
+{#- The attributes that carry a composite's identity on its function. -#}
+{% macro identity(params) -%}
+attributes {boo.composite = "{{ composite }}", boo.version = {{ version }} : i64, boo.params = { {%- for k, v in params.items() %}{{ k }} = {{ attr(v) }}{{ ", " if not loop.last }}{% endfor -%} }}
+{%- endmacro %}
+
+{#- %name : tensor<Mx1x{dtype}> from the f32 row vector `value` : tensor<Mxf32>. -#}
+{% macro row_stat(name, value, M, dtype) -%}
+%{{ name }}_empty = tensor.empty() : {{ tensor([M, 1], dtype) }}
+  %{{ name }} = linalg.generic {indexing_maps = [affine_map<(d0, d1) -> (d0)>, affine_map<(d0, d1) -> (d0, d1)>], iterator_types = ["parallel", "parallel"]}
+      ins({{ value }} : {{ tensor([M], "f32") }}) outs(%{{ name }}_empty : {{ tensor([M, 1], dtype) }}) {
+  ^bb0(%{{ name }}_in: f32, %{{ name }}_unused: {{ dtype }}):
+    {{ from_f32(name ~ "_n", name ~ "_in", dtype) }}
+    linalg.yield {{ narrowref(name ~ "_n", name ~ "_in", dtype) }} : {{ dtype }}
+  } -> {{ tensor([M, 1], dtype) }}
+{%- endmacro %}
+
+{#- %name : tensor<Mxf32> from the stat tensor `value` : tensor<Mx1x{dtype}>. -#}
+{% macro row_f32(name, value, M, dtype) -%}
+%{{ name }}_empty = tensor.empty() : {{ tensor([M], "f32") }}
+  %{{ name }} = linalg.generic {indexing_maps = [affine_map<(d0) -> (d0, 0)>, affine_map<(d0) -> (d0)>], iterator_types = ["parallel"]}
+      ins({{ value }} : {{ tensor([M, 1], dtype) }}) outs(%{{ name }}_empty : {{ tensor([M], "f32") }}) {
+  ^bb0(%{{ name }}_in: {{ dtype }}, %{{ name }}_unused: f32):
+    {{ to_f32(name ~ "_f", name ~ "_in", dtype) }}
+    linalg.yield {{ f32ref(name ~ "_f", name ~ "_in", dtype) }} : f32
+  } -> {{ tensor([M], "f32") }}
+{%- endmacro %}

@@ -1,0 +1,69 @@
+{#- native_layer_norm on x[M, N] over N. Params: M, N, eps, dtype, stat_dtype, has_weight, has_bias.
+    One pass computes shifted sums (shift = the row's first element, which keeps the one-pass
+    variance accurate), a second pass writes the normalized output. f32 throughout. -#}
+{% import "_helpers.mlir" as h with context %}
+{% set X = h.tensor([M, N], dtype) %}
+{% set V = h.tensor([N], dtype) %}
+{% set ROW = h.tensor([M], "f32") %}
+{% set STAT = h.tensor([M, 1], stat_dtype) %}
+func.func private @{{ func_name }}(%x: {{ X }}{% if has_weight %}, %w: {{ V }}{% endif %}{% if has_bias %}, %b: {{ V }}{% endif %})
+    -> ({{ X }}, {{ STAT }}, {{ STAT }}) {{ h.identity({"eps": eps, "normalized_size": N, "has_weight": has_weight, "has_bias": has_bias}) }} {
+  %zero = arith.constant 0.0 : f32
+  %n = arith.constant {{ "%.1f"|format(N) }} : f32
+  %eps = arith.constant {{ "%.17e"|format(eps) }} : f32
+  %row_empty = tensor.empty() : {{ ROW }}
+  %row_zero = linalg.fill ins(%zero : f32) outs(%row_empty : {{ ROW }}) -> {{ ROW }}
+  %sums:2 = linalg.generic {indexing_maps = [{{ h.map(2) }}, affine_map<(d0, d1) -> (d0, 0)>, {{ h.map(2, [0]) }}, {{ h.map(2, [0]) }}],
+                            iterator_types = ["parallel", "reduction"]}
+      ins(%x, %x : {{ X }}, {{ X }}) outs(%row_zero, %row_zero : {{ ROW }}, {{ ROW }}) {
+  ^bb0(%xin: {{ dtype }}, %sin: {{ dtype }}, %s: f32, %ss: f32):
+    {{ h.to_f32("xf", "xin", dtype) }}
+    {{ h.to_f32("sf", "sin", dtype) }}
+    %d = arith.subf {{ h.f32ref("xf", "xin", dtype) }}, {{ h.f32ref("sf", "sin", dtype) }} : f32
+    %s1 = arith.addf %s, %d : f32
+    %d2 = arith.mulf %d, %d : f32
+    %ss1 = arith.addf %ss, %d2 : f32
+    linalg.yield %s1, %ss1 : f32, f32
+  } -> ({{ ROW }}, {{ ROW }})
+  %stats:2 = linalg.generic {indexing_maps = [affine_map<(d0) -> (d0, 0)>, {{ h.map(1) }}, {{ h.map(1) }}, {{ h.map(1) }}, {{ h.map(1) }}],
+                             iterator_types = ["parallel"]}
+      ins(%x, %sums#0, %sums#1 : {{ X }}, {{ ROW }}, {{ ROW }}) outs(%row_empty, %row_empty : {{ ROW }}, {{ ROW }}) {
+  ^bb0(%first: {{ dtype }}, %s: f32, %ss: f32, %unused0: f32, %unused1: f32):
+    {{ h.to_f32("ff", "first", dtype) }}
+    %dm = arith.divf %s, %n : f32
+    %mean = arith.addf {{ h.f32ref("ff", "first", dtype) }}, %dm : f32
+    %ex2 = arith.divf %ss, %n : f32
+    %dm2 = arith.mulf %dm, %dm : f32
+    %var0 = arith.subf %ex2, %dm2 : f32
+    %var = arith.maximumf %var0, %zero : f32
+    %vare = arith.addf %var, %eps : f32
+    %rstd = math.rsqrt %vare : f32
+    linalg.yield %mean, %rstd : f32, f32
+  } -> ({{ ROW }}, {{ ROW }})
+  %out_empty = tensor.empty() : {{ X }}
+  %out = linalg.generic {indexing_maps = [{{ h.map(2) }}, {{ h.map(2, [0]) }}, {{ h.map(2, [0]) }}{% if has_weight %}, {{ h.map(2, [1]) }}{% endif %}{% if has_bias %}, {{ h.map(2, [1]) }}{% endif %}, {{ h.map(2) }}],
+                         iterator_types = ["parallel", "parallel"]}
+      ins(%x, %stats#0, %stats#1{% if has_weight %}, %w{% endif %}{% if has_bias %}, %b{% endif %} : {{ X }}, {{ ROW }}, {{ ROW }}{% if has_weight %}, {{ V }}{% endif %}{% if has_bias %}, {{ V }}{% endif %})
+      outs(%out_empty : {{ X }}) {
+  ^bb0(%xin: {{ dtype }}, %mean: f32, %rstd: f32{% if has_weight %}, %win: {{ dtype }}{% endif %}{% if has_bias %}, %bin: {{ dtype }}{% endif %}, %unused: {{ dtype }}):
+    {{ h.to_f32("xf", "xin", dtype) }}
+    %c = arith.subf {{ h.f32ref("xf", "xin", dtype) }}, %mean : f32
+    %y0 = arith.mulf %c, %rstd : f32
+{% set y = "y0" %}
+{% if has_weight %}
+    {{ h.to_f32("wf", "win", dtype) }}
+    %y1 = arith.mulf %y0, {{ h.f32ref("wf", "win", dtype) }} : f32
+{% set y = "y1" %}
+{% endif %}
+{% if has_bias %}
+    {{ h.to_f32("bf", "bin", dtype) }}
+    %y2 = arith.addf %{{ y }}, {{ h.f32ref("bf", "bin", dtype) }} : f32
+{% set y = "y2" %}
+{% endif %}
+    {{ h.from_f32("yn", y, dtype) }}
+    linalg.yield {{ h.narrowref("yn", y, dtype) }} : {{ dtype }}
+  } -> {{ X }}
+  {{ h.row_stat("mean_out", "%stats#0", M, stat_dtype) }}
+  {{ h.row_stat("rstd_out", "%stats#1", M, stat_dtype) }}
+  return %out, %mean_out, %rstd_out : {{ X }}, {{ STAT }}, {{ STAT }}
+}

@@ -1,0 +1,119 @@
+{#- native_layer_norm_backward on x[M, N] over N, computing only what output_mask asks:
+      dx = rstd * (g*w - mean_j(g*w) - xhat * mean_j(g*w*xhat)),  xhat = (x - mean) * rstd
+      dw = sum_i g * xhat,  db = sum_i g
+    Params: M, N, dtype, stat_dtype, has_weight, has_bias, output_mask, blocks.
+    The column sums are split into `blocks` row blocks summed in parallel, then added. -#}
+{% import "_helpers.mlir" as h with context %}
+{% set X = h.tensor([M, N], dtype) %}
+{% set V = h.tensor([N], dtype) %}
+{% set ROW = h.tensor([M], "f32") %}
+{% set STAT = h.tensor([M, 1], stat_dtype) %}
+{% set R = M // blocks %}
+{% set results = [] %}
+{% if output_mask[0] %}{% set _ = results.append(("dx", X)) %}{% endif %}
+{% if output_mask[1] %}{% set _ = results.append(("dw", V)) %}{% endif %}
+{% if output_mask[2] %}{% set _ = results.append(("db", V)) %}{% endif %}
+{% set gw = "gw" if has_weight else h.f32ref("gf", "gin", dtype)[1:] %}
+func.func private @{{ func_name }}(%g: {{ X }}, %x: {{ X }}, %mean: {{ STAT }}, %rstd: {{ STAT }}{% if has_weight %}, %w: {{ V }}{% endif %})
+    -> ({% for name, type in results %}{{ type }}{{ ", " if not loop.last }}{% endfor %}) {{ h.identity({"output_mask": output_mask, "normalized_size": N, "has_weight": has_weight, "has_bias": has_bias}) }} {
+  %zero = arith.constant 0.0 : f32
+  %n = arith.constant {{ "%.1f"|format(N) }} : f32
+  {{ h.row_f32("mean_f", "%mean", M, stat_dtype) }}
+  {{ h.row_f32("rstd_f", "%rstd", M, stat_dtype) }}
+{% if output_mask[0] %}
+  %row_empty = tensor.empty() : {{ ROW }}
+  %row_zero = linalg.fill ins(%zero : f32) outs(%row_empty : {{ ROW }}) -> {{ ROW }}
+  %sums:2 = linalg.generic {indexing_maps = [{{ h.map(2) }}, {{ h.map(2) }}, {{ h.map(2, [0]) }}, {{ h.map(2, [0]) }}{% if has_weight %}, {{ h.map(2, [1]) }}{% endif %}, {{ h.map(2, [0]) }}, {{ h.map(2, [0]) }}],
+                            iterator_types = ["parallel", "reduction"]}
+      ins(%g, %x, %mean_f, %rstd_f{% if has_weight %}, %w{% endif %} : {{ X }}, {{ X }}, {{ ROW }}, {{ ROW }}{% if has_weight %}, {{ V }}{% endif %})
+      outs(%row_zero, %row_zero : {{ ROW }}, {{ ROW }}) {
+  ^bb0(%gin: {{ dtype }}, %xin: {{ dtype }}, %mu: f32, %rs: f32{% if has_weight %}, %win: {{ dtype }}{% endif %}, %s1: f32, %s2: f32):
+    {{ h.to_f32("gf", "gin", dtype) }}
+    {{ h.to_f32("xf", "xin", dtype) }}
+    %c = arith.subf {{ h.f32ref("xf", "xin", dtype) }}, %mu : f32
+    %xhat = arith.mulf %c, %rs : f32
+{% if has_weight %}
+    {{ h.to_f32("wf", "win", dtype) }}
+    %gw = arith.mulf {{ h.f32ref("gf", "gin", dtype) }}, {{ h.f32ref("wf", "win", dtype) }} : f32
+{% endif %}
+    %s1n = arith.addf %s1, %{{ gw }} : f32
+    %p = arith.mulf %{{ gw }}, %xhat : f32
+    %s2n = arith.addf %s2, %p : f32
+    linalg.yield %s1n, %s2n : f32, f32
+  } -> ({{ ROW }}, {{ ROW }})
+  %dx_empty = tensor.empty() : {{ X }}
+  %dx = linalg.generic {indexing_maps = [{{ h.map(2) }}, {{ h.map(2) }}, {{ h.map(2, [0]) }}, {{ h.map(2, [0]) }}{% if has_weight %}, {{ h.map(2, [1]) }}{% endif %}, {{ h.map(2, [0]) }}, {{ h.map(2, [0]) }}, {{ h.map(2) }}],
+                        iterator_types = ["parallel", "parallel"]}
+      ins(%g, %x, %mean_f, %rstd_f{% if has_weight %}, %w{% endif %}, %sums#0, %sums#1 : {{ X }}, {{ X }}, {{ ROW }}, {{ ROW }}{% if has_weight %}, {{ V }}{% endif %}, {{ ROW }}, {{ ROW }})
+      outs(%dx_empty : {{ X }}) {
+  ^bb0(%gin: {{ dtype }}, %xin: {{ dtype }}, %mu: f32, %rs: f32{% if has_weight %}, %win: {{ dtype }}{% endif %}, %s1: f32, %s2: f32, %unused: {{ dtype }}):
+    {{ h.to_f32("gf", "gin", dtype) }}
+    {{ h.to_f32("xf", "xin", dtype) }}
+    %c = arith.subf {{ h.f32ref("xf", "xin", dtype) }}, %mu : f32
+    %xhat = arith.mulf %c, %rs : f32
+{% if has_weight %}
+    {{ h.to_f32("wf", "win", dtype) }}
+    %gw = arith.mulf {{ h.f32ref("gf", "gin", dtype) }}, {{ h.f32ref("wf", "win", dtype) }} : f32
+{% endif %}
+    %m1 = arith.divf %s1, %n : f32
+    %m2 = arith.divf %s2, %n : f32
+    %t0 = arith.subf %{{ gw }}, %m1 : f32
+    %t1 = arith.mulf %xhat, %m2 : f32
+    %t2 = arith.subf %t0, %t1 : f32
+    %dxf = arith.mulf %t2, %rs : f32
+    {{ h.from_f32("dxn", "dxf", dtype) }}
+    linalg.yield {{ h.narrowref("dxn", "dxf", dtype) }} : {{ dtype }}
+  } -> {{ X }}
+{% endif %}
+{% set cols = [] %}
+{% if output_mask[1] %}{% set _ = cols.append("w") %}{% endif %}
+{% if output_mask[2] %}{% set _ = cols.append("b") %}{% endif %}
+{% if cols %}
+{% set B3 = h.tensor([blocks, R, N], dtype) %}
+{% set BR = h.tensor([blocks, R], "f32") %}
+{% set P = h.tensor([blocks, N], "f32") %}
+{% set COL = h.tensor([N], "f32") %}
+  %g3 = tensor.expand_shape %g [[0, 1], [2]] output_shape [{{ blocks }}, {{ R }}, {{ N }}] : {{ X }} into {{ B3 }}
+  %x3 = tensor.expand_shape %x [[0, 1], [2]] output_shape [{{ blocks }}, {{ R }}, {{ N }}] : {{ X }} into {{ B3 }}
+  %mean2 = tensor.expand_shape %mean_f [[0, 1]] output_shape [{{ blocks }}, {{ R }}] : {{ ROW }} into {{ BR }}
+  %rstd2 = tensor.expand_shape %rstd_f [[0, 1]] output_shape [{{ blocks }}, {{ R }}] : {{ ROW }} into {{ BR }}
+  %part_empty = tensor.empty() : {{ P }}
+  %part_zero = linalg.fill ins(%zero : f32) outs(%part_empty : {{ P }}) -> {{ P }}
+  %parts:{{ cols|length }} = linalg.generic {indexing_maps = [{{ h.map(3) }}, {{ h.map(3) }}, {{ h.map(3, [0, 1]) }}, {{ h.map(3, [0, 1]) }}{% for c in cols %}, {{ h.map(3, [0, 2]) }}{% endfor %}],
+                             iterator_types = ["parallel", "reduction", "parallel"]}
+      ins(%g3, %x3, %mean2, %rstd2 : {{ B3 }}, {{ B3 }}, {{ BR }}, {{ BR }})
+      outs({% for c in cols %}%part_zero{{ ", " if not loop.last }}{% endfor %} : {% for c in cols %}{{ P }}{{ ", " if not loop.last }}{% endfor %}) {
+  ^bb0(%gin: {{ dtype }}, %xin: {{ dtype }}, %mu: f32, %rs: f32{% for c in cols %}, %p{{ c }}: f32{% endfor %}):
+    {{ h.to_f32("gf", "gin", dtype) }}
+{% if "w" in cols %}
+    {{ h.to_f32("xf", "xin", dtype) }}
+    %c = arith.subf {{ h.f32ref("xf", "xin", dtype) }}, %mu : f32
+    %xhat = arith.mulf %c, %rs : f32
+    %gx = arith.mulf {{ h.f32ref("gf", "gin", dtype) }}, %xhat : f32
+    %pwn = arith.addf %pw, %gx : f32
+{% endif %}
+{% if "b" in cols %}
+    %pbn = arith.addf %pb, {{ h.f32ref("gf", "gin", dtype) }} : f32
+{% endif %}
+    linalg.yield {% for c in cols %}%p{{ c }}n{{ ", " if not loop.last }}{% endfor %} : {% for c in cols %}f32{{ ", " if not loop.last }}{% endfor %}{{ "" }}
+  } -> ({% for c in cols %}{{ P }}{{ ", " if not loop.last }}{% endfor %})
+  %colf_empty = tensor.empty() : {{ COL }}
+  %col_zero = linalg.fill ins(%zero : f32) outs(%colf_empty : {{ COL }}) -> {{ COL }}
+  %col_empty = tensor.empty() : {{ V }}
+{% for c in cols %}
+  %sum_{{ c }} = linalg.generic {indexing_maps = [{{ h.map(2, [1, 0]) }}, {{ h.map(2, [0]) }}], iterator_types = ["parallel", "reduction"]}
+      ins(%parts#{{ loop.index0 }} : {{ P }}) outs(%col_zero : {{ COL }}) {
+  ^bb0(%p: f32, %acc: f32):
+    %accn = arith.addf %acc, %p : f32
+    linalg.yield %accn : f32
+  } -> {{ COL }}
+  %d{{ c }} = linalg.generic {indexing_maps = [{{ h.map(1) }}, {{ h.map(1) }}], iterator_types = ["parallel"]}
+      ins(%sum_{{ c }} : {{ COL }}) outs(%col_empty : {{ V }}) {
+  ^bb0(%sf: f32, %unused: {{ dtype }}):
+    {{ h.from_f32("sn", "sf", dtype) }}
+    linalg.yield {{ h.narrowref("sn", "sf", dtype) }} : {{ dtype }}
+  } -> {{ V }}
+{% endfor %}
+{% endif %}
+  return {% for name, type in results %}%{{ name }}{{ ", " if not loop.last }}{% endfor %} : {% for name, type in results %}{{ type }}{{ ", " if not loop.last }}{% endfor %}{{ "" }}
+}
