@@ -47,6 +47,9 @@ def parse_target(spec: str) -> Target:
                 "--iree-hal-target-device=local",
                 "--iree-hal-local-target-device-backends=llvm-cpu",
                 f"--iree-llvmcpu-target-cpu={cpu}",
+                # Without it, float reductions keep strict order: scalar code and a long
+                # rounding chain. Eager PyTorch reassociates too.
+                "--iree-llvmcpu-reassociate-fp-reductions",
                 f"--iree-llvmcpu-embedded-linker-path={find_tool('iree-lld')}",
             ),
             "local-task",

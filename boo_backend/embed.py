@@ -58,16 +58,14 @@ def _main(module: ir.Module) -> ir.Operation:
     raise BooError("imported module has no @main")
 
 
-def _erase_dead_producers(values) -> None:
-    """Erase the constants and lists that fed a replaced op and have no other use."""
-    for value in values:
-        op = getattr(value.owner, "operation", None)  # None for block arguments
-        if op is None or not op.name.startswith(("torch.constant.", "torch.prim.ListConstruct")):
-            continue
-        if all(not list(r.uses) for r in op.results):
-            operands = list(op.operands)
+def _sweep_dead(body) -> None:
+    """Erase the constants and lists left without users by the replaced ops (IREE's torch
+    conversion rejects an unused torch constant). Reverse order: users before producers."""
+    for op in reversed(list(body.operations)):
+        if op.name.startswith(("torch.constant.", "torch.prim.ListConstruct")) and all(
+            not list(r.uses) for r in op.results
+        ):
             op.erase()
-            _erase_dead_producers(operands)
 
 
 def mlir_op_name(target) -> str | None:
@@ -130,5 +128,5 @@ def embed(module: ir.Module, graph: fx.Graph) -> list[str]:
                 if list(r.uses):
                     raise BooError(f"boo: {node.name}: a result the composite does not compute is still used")
             op.erase()
-            _erase_dead_producers(operands)
+        _sweep_dead(body)
     return list(used)

@@ -86,6 +86,8 @@ def build_core(gm: fx.GraphModule) -> tuple[fx.GraphModule, list, list, list, bo
     for value in flat:
         if isinstance(value, fx.Node) and value.op == "placeholder":
             outputs.append(("arg", placeholders.index(value)))
+        elif isinstance(value, fx.Node) and value.meta.get("val", 0) is None:
+            outputs.append(("value", None))  # e.g. a getitem of a gradient output_mask left out
         elif isinstance(value, fx.Node):
             if not _is_tensor_value(value):
                 raise BooError(f"boo: graph output {value.name} is not a tensor; cannot return it from IREE")

@@ -53,7 +53,8 @@ def _used_results(node: fx.Node, outs: list) -> set[int]:
     used = set()
     for user in node.users:
         if user.target is operator.getitem:
-            used.add(user.args[1])
+            if outs[user.args[1]] is not None:  # a getitem of an absent gradient is None
+                used.add(user.args[1])
         else:
             used.update(range(len(outs)))
     return used

@@ -5,6 +5,7 @@ Imports only compile (for Target) from boo_backend.
 
 from __future__ import annotations
 
+import bisect
 import functools
 import threading
 
@@ -70,8 +71,29 @@ class IreeFunction:
         if tensors and tensors[0].device.index is not None:
             device_id = tensors[0].device.index
         export = self.device.create_dlpack_capsule
-        out = []
-        for i in range(len(results)):
-            bv = results.get_as_object(i, rt.HalBufferView)
-            out.append(torch.from_dlpack(export(bv, self._dl_device, device_id)))
-        return out
+        out = [
+            torch.from_dlpack(export(results.get_as_object(i, rt.HalBufferView), self._dl_device, device_id))
+            for i in range(len(results))
+        ]
+        return _unalias(out, tensors)
+
+
+def _unalias(results: list[torch.Tensor], inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+    """IREE may hand back an input's buffer (or one buffer twice) for a result that is a copy
+    in the graph, e.g. `x.clone()`. The graph promised a fresh tensor, so copy those."""
+    spans = sorted((t.data_ptr(), t.data_ptr() + t.numel() * t.element_size()) for t in inputs if t.numel())
+    starts = [s for s, _ in spans]
+    reach, ends = 0, []
+    for _, end in spans:
+        reach = max(reach, end)
+        ends.append(reach)
+    seen: set[int] = set()
+    for i, r in enumerate(results):
+        if not r.numel():
+            continue
+        p = r.data_ptr()
+        k = bisect.bisect_right(starts, p)
+        if p in seen or (k and ends[k - 1] > p):
+            results[i] = r.clone()
+        seen.add(results[i].data_ptr())
+    return results

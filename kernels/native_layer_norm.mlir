@@ -1,6 +1,6 @@
 {#- native_layer_norm on x[M, N] over N. Params: M, N, eps, dtype, stat_dtype, has_weight, has_bias.
-    One pass computes shifted sums (shift = the row's first element, which keeps the one-pass
-    variance accurate), a second pass writes the normalized output. f32 throughout. -#}
+    Row statistics in two passes (mean, then deviations from it), then the output; f32
+    throughout. -#}
 {% import "_helpers.mlir" as h with context %}
 {% set X = h.tensor([M, N], dtype) %}
 {% set V = h.tensor([N], dtype) %}
@@ -8,30 +8,49 @@
 {% set STAT = h.tensor([M, 1], stat_dtype) %}
 func.func private @{{ func_name }}(%x: {{ X }}{% if has_weight %}, %w: {{ V }}{% endif %}{% if has_bias %}, %b: {{ V }}{% endif %})
     -> ({{ X }}, {{ STAT }}, {{ STAT }}) {{ h.identity({"eps": eps, "normalized_size": N, "has_weight": has_weight, "has_bias": has_bias}) }} {
+{% if M == 0 %}
+  {#- An empty batch: IREE 3.13 crashes on reductions over zero rows, so say it directly. #}
+  %out = tensor.empty() : {{ X }}
+  %mean_out = tensor.empty() : {{ STAT }}
+  %rstd_out = tensor.empty() : {{ STAT }}
+{% else %}
   %zero = arith.constant 0.0 : f32
   %n = arith.constant {{ "%.1f"|format(N) }} : f32
   %eps = arith.constant {{ "%.17e"|format(eps) }} : f32
   %row_empty = tensor.empty() : {{ ROW }}
   %row_zero = linalg.fill ins(%zero : f32) outs(%row_empty : {{ ROW }}) -> {{ ROW }}
-  %sums:2 = linalg.generic {indexing_maps = [{{ h.map(2) }}, affine_map<(d0, d1) -> (d0, 0)>, {{ h.map(2, [0]) }}, {{ h.map(2, [0]) }}],
-                            iterator_types = ["parallel", "reduction"]}
-      ins(%x, %x : {{ X }}, {{ X }}) outs(%row_zero, %row_zero : {{ ROW }}, {{ ROW }}) {
-  ^bb0(%xin: {{ dtype }}, %sin: {{ dtype }}, %s: f32, %ss: f32):
+  %sum = linalg.generic {indexing_maps = [{{ h.map(2) }}, {{ h.map(2, [0]) }}], iterator_types = ["parallel", "reduction"]}
+      ins(%x : {{ X }}) outs(%row_zero : {{ ROW }}) {
+  ^bb0(%xin: {{ dtype }}, %s: f32):
     {{ h.to_f32("xf", "xin", dtype) }}
-    {{ h.to_f32("sf", "sin", dtype) }}
-    %d = arith.subf {{ h.f32ref("xf", "xin", dtype) }}, {{ h.f32ref("sf", "sin", dtype) }} : f32
+    %s1 = arith.addf %s, {{ h.f32ref("xf", "xin", dtype) }} : f32
+    linalg.yield %s1 : f32
+  } -> {{ ROW }}
+  %mean0 = linalg.generic {indexing_maps = [{{ h.map(1) }}, {{ h.map(1) }}], iterator_types = ["parallel"]}
+      ins(%sum : {{ ROW }}) outs(%row_empty : {{ ROW }}) {
+  ^bb0(%s: f32, %unused: f32):
+    %m = arith.divf %s, %n : f32
+    linalg.yield %m : f32
+  } -> {{ ROW }}
+  {#- Second pass around the first mean: the sum of deviations corrects the mean, the sum of
+      their squares gives the variance; both stay small, so f32 keeps them accurate. #}
+  %dev:2 = linalg.generic {indexing_maps = [{{ h.map(2) }}, {{ h.map(2, [0]) }}, {{ h.map(2, [0]) }}, {{ h.map(2, [0]) }}],
+                           iterator_types = ["parallel", "reduction"]}
+      ins(%x, %mean0 : {{ X }}, {{ ROW }}) outs(%row_zero, %row_zero : {{ ROW }}, {{ ROW }}) {
+  ^bb0(%xin: {{ dtype }}, %m0: f32, %s: f32, %ss: f32):
+    {{ h.to_f32("xf", "xin", dtype) }}
+    %d = arith.subf {{ h.f32ref("xf", "xin", dtype) }}, %m0 : f32
     %s1 = arith.addf %s, %d : f32
     %d2 = arith.mulf %d, %d : f32
     %ss1 = arith.addf %ss, %d2 : f32
     linalg.yield %s1, %ss1 : f32, f32
   } -> ({{ ROW }}, {{ ROW }})
-  %stats:2 = linalg.generic {indexing_maps = [affine_map<(d0) -> (d0, 0)>, {{ h.map(1) }}, {{ h.map(1) }}, {{ h.map(1) }}, {{ h.map(1) }}],
+  %stats:2 = linalg.generic {indexing_maps = [{{ h.map(1) }}, {{ h.map(1) }}, {{ h.map(1) }}, {{ h.map(1) }}, {{ h.map(1) }}],
                              iterator_types = ["parallel"]}
-      ins(%x, %sums#0, %sums#1 : {{ X }}, {{ ROW }}, {{ ROW }}) outs(%row_empty, %row_empty : {{ ROW }}, {{ ROW }}) {
-  ^bb0(%first: {{ dtype }}, %s: f32, %ss: f32, %unused0: f32, %unused1: f32):
-    {{ h.to_f32("ff", "first", dtype) }}
+      ins(%mean0, %dev#0, %dev#1 : {{ ROW }}, {{ ROW }}, {{ ROW }}) outs(%row_empty, %row_empty : {{ ROW }}, {{ ROW }}) {
+  ^bb0(%m0: f32, %s: f32, %ss: f32, %unused0: f32, %unused1: f32):
     %dm = arith.divf %s, %n : f32
-    %mean = arith.addf {{ h.f32ref("ff", "first", dtype) }}, %dm : f32
+    %mean = arith.addf %m0, %dm : f32
     %ex2 = arith.divf %ss, %n : f32
     %dm2 = arith.mulf %dm, %dm : f32
     %var0 = arith.subf %ex2, %dm2 : f32
@@ -65,5 +84,6 @@ func.func private @{{ func_name }}(%x: {{ X }}{% if has_weight %}, %w: {{ V }}{%
   } -> {{ X }}
   {{ h.row_stat("mean_out", "%stats#0", M, stat_dtype) }}
   {{ h.row_stat("rstd_out", "%stats#1", M, stat_dtype) }}
+{% endif %}
   return %out, %mean_out, %rstd_out : {{ X }}, {{ STAT }}, {{ STAT }}
 }

@@ -17,6 +17,14 @@
 func.func private @{{ func_name }}(%g: {{ X }}, %x: {{ X }}, %mean: {{ STAT }}, %rstd: {{ STAT }}{% if has_weight %}, %w: {{ V }}{% endif %})
     -> ({% for name, type in results %}{{ type }}{{ ", " if not loop.last }}{% endfor %}) {{ h.identity({"output_mask": output_mask, "normalized_size": N, "has_weight": has_weight, "has_bias": has_bias}) }} {
   %zero = arith.constant 0.0 : f32
+{% if M == 0 %}
+  {#- An empty batch: IREE 3.13 crashes on reductions over zero rows, so say it directly. #}
+  %dx = tensor.empty() : {{ X }}
+  %zero_t = arith.constant 0.0 : {{ dtype }}
+  %col_empty = tensor.empty() : {{ V }}
+  %dw = linalg.fill ins(%zero_t : {{ dtype }}) outs(%col_empty : {{ V }}) -> {{ V }}
+  %db = linalg.fill ins(%zero_t : {{ dtype }}) outs(%col_empty : {{ V }}) -> {{ V }}
+{% else %}
   %n = arith.constant {{ "%.1f"|format(N) }} : f32
   {{ h.row_f32("mean_f", "%mean", M, stat_dtype) }}
   {{ h.row_f32("rstd_f", "%rstd", M, stat_dtype) }}
@@ -114,6 +122,7 @@ func.func private @{{ func_name }}(%g: {{ X }}, %x: {{ X }}, %mean: {{ STAT }}, 
     linalg.yield {{ h.narrowref("sn", "sf", dtype) }} : {{ dtype }}
   } -> {{ V }}
 {% endfor %}
+{% endif %}
 {% endif %}
   return {% for name, type in results %}%{{ name }}{{ ", " if not loop.last }}{% endfor %} : {% for name, type in results %}{{ type }}{{ ", " if not loop.last }}{% endfor %}{{ "" }}
 }

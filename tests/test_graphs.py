@@ -141,7 +141,8 @@ def test_fx_level_decomposition_for_op_torch_mlir_cannot_lower():
     _, mean, rstd = torch.ops.aten.native_layer_norm(x, [8], None, None, 1e-5)
     args = [torch.randn(5, 8), x, mean, rstd, torch.randn(8), torch.randn(8)]
     boo_backend.reset()
-    graph = CompiledGraph(make_fx(f)(*args), "backward", Options.resolve(), "nlnb")
+    opts = Options.resolve({"force_decompose": "native_layer_norm_backward"})  # composite off
+    graph = CompiledGraph(make_fx(f)(*args), "backward", opts, "nlnb")
     assert_close(list(graph(args)), list(f(*args)), "layer norm backward")
     (placement,) = boo_backend.placements()
     assert (placement.decomposed, placement.island) == (1, 0), placement.line()
@@ -172,3 +173,30 @@ def test_dump_dir(tmp_path, monkeypatch):
 def test_unknown_option_is_an_error():
     with pytest.raises(Exception, match="valid options"):
         torch.compile(lambda t: t + 1, backend="boo", options={"stirct": True})(torch.randn(2))
+
+
+def test_fresh_outputs_do_not_alias_inputs_or_each_other():
+    def f(x):
+        y = x * 2
+        return x.clone(), y.clone(), y.clone()
+
+    x = torch.randn(16, 16)
+    a, b, c = _compile(f)(x)
+    a.add_(1)
+    b.add_(1)
+    assert_close(x + 1, a, "clone of x is its own tensor")
+    assert_close(c, x * 2, "two clones of one value are two tensors")
+
+
+def test_layer_norm_over_empty_shape_falls_back_cleanly(monkeypatch):
+    """The composite declines an empty normalized shape, and torch-mlir's path crashes on it:
+    outside strict mode the graph runs in eager PyTorch, with a warning."""
+    monkeypatch.setenv("BOO_STRICT", "0")
+    x = torch.randn(0, 8)
+
+    def f(t):
+        return torch.nn.functional.layer_norm(t, [0, 8])
+
+    with pytest.warns(boo_backend.BooFallbackWarning, match="eager"):
+        out = _compile(f, dynamic=False)(x)
+    assert_close(out, f(x), "empty layer norm")
