@@ -11,7 +11,7 @@ import logging
 import torch.fx as fx
 from torch._dynamo.backends.common import aot_autograd
 
-from . import match
+from . import composites, match
 from .config import Options
 from .graph import CompiledGraph
 
@@ -23,6 +23,7 @@ _graph_ids = itertools.count()
 def boo(gm: fx.GraphModule, example_inputs, options: dict | None = None, **kwargs):
     """Dynamo backend. `options` is torch.compile's options dict (see boo_backend.config)."""
     opts = Options.resolve({**(options or {}), **kwargs})
+    composites.disabled(opts.force_decompose)  # an unknown composite name fails here, early
     graph_id = next(_graph_ids)
 
     def compiler(kind: str):

@@ -71,7 +71,7 @@ def parse_target(spec: str) -> Target:
         arch = arch or "gfx942"
         return Target(
             f"rocm:{arch}",
-            ("--iree-hal-target-device=hip", f"--iree-hip-target={arch}"),
+            ("--iree-hal-target-device=hip", f"--iree-rocm-target={arch}"),
             "hip",
         )
     raise BooError(

@@ -62,7 +62,7 @@ def _sweep_dead(body) -> None:
     """Erase the constants and lists left without users by the replaced ops (IREE's torch
     conversion rejects an unused torch constant). Reverse order: users before producers."""
     for op in reversed(list(body.operations)):
-        if op.name.startswith(("torch.constant.", "torch.prim.ListConstruct")) and all(
+        if op.operation.name.startswith(("torch.constant.", "torch.prim.ListConstruct")) and all(
             not list(r.uses) for r in op.results
         ):
             op.erase()
@@ -93,7 +93,7 @@ def embed(module: ir.Module, graph: fx.Graph) -> list[str]:
     with ctx, ir.Location.unknown():
         body = _main(module).regions[0].blocks[0]
         for op in list(body.operations):
-            pending = calls.get(op.name)
+            pending = calls.get(op.operation.name)
             if not pending:
                 continue
             node, call = pending.pop(0)

@@ -94,6 +94,22 @@ def _failing_ops(err: BooCompileError) -> set[str]:
     return names
 
 
+def _output_metas(gm: fx.GraphModule) -> list:
+    out = next(n for n in gm.graph.nodes if n.op == "output").args[0]
+    vals = [a.meta.get("val") if isinstance(a, fx.Node) else a for a in (out if isinstance(out, (tuple, list)) else [out])]
+    return [(tuple(v.shape), v.dtype) if isinstance(v, torch.Tensor) else type(v) for v in vals]
+
+
+def _check_same_outputs(before: fx.GraphModule, after: fx.GraphModule, table: dict) -> None:
+    """A decomposition must not change what the graph returns (torch._decomp's attention entry,
+    for one, returns probabilities where the log-sum-exp belongs)."""
+    if _output_metas(before) != _output_metas(after):
+        raise BooError(
+            f"boo: decomposing {', '.join(map(str, table))} changed the graph's outputs: "
+            f"ours={_output_metas(after)} | torch={_output_metas(before)}"
+        )
+
+
 def _describe(graph: fx.GraphModule) -> str:
     """The graph as matched: its code, then one line per node a composite computes."""
     lines = [graph.print_readable(print_output=False), "", "# composites:"]
@@ -261,7 +277,9 @@ class CompiledGraph:
             plan.island |= missing
             if not table:
                 break
+            before = graph
             graph = retrace(graph, args, table)
+            _check_same_outputs(before, graph, table)
         graph, composites = match.apply(graph, args, self.opts)
         if dump:
             (dump / "graph.txt").write_text(_describe(graph))

@@ -19,6 +19,7 @@ import torch.fx as fx
 
 from . import composites
 from .config import Options
+from .decompositions import AOT
 from .partition import retrace
 
 log = logging.getLogger("boo_backend")
@@ -102,6 +103,7 @@ def decompositions(opts: Options) -> dict:
     from torch._decomp import core_aten_decompositions
 
     table = dict(core_aten_decompositions())
+    table.update(AOT)
     for op in composites.enabled(opts.force_decompose):
         table.pop(op, None)
     return table

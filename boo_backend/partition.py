@@ -21,6 +21,7 @@ from torch._decomp import get_decompositions
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.fx.passes.split_module import split_module
 
+from .decompositions import FALLBACK, PRE_LOWERING, is_full_reduction
 from .lower import mlir_op_name
 
 
@@ -74,56 +75,16 @@ def retrace(gm: fx.GraphModule, args: list, decompositions: dict | None = None) 
     return traced
 
 
-def _squeeze_dims(x, dims):
-    dims = {d % max(x.dim(), 1) for d in dims}
-    return torch.ops.aten.reshape.default(x, [s for i, s in enumerate(x.shape) if i not in dims or s != 1])
-
-
-# Rewrites for ops whose torch._decomp entry leads back to ops torch-mlir cannot lower.
-_OWN_DECOMPOSITIONS = {
-    torch.ops.aten.squeeze.dims: _squeeze_dims,
-}
-
-
-def _flat_reduction(op):
-    """`op` over all dims of a rank>=2 tensor, computed on its 1-D reshape instead.
-
-    IREE 3.13's CPU codegen fails ('vector.contract' op invalid accumulator/result vector
-    shape) when a broadcasting elementwise op feeds a reduction to a 0-d result; the same
-    reduction over the flattened tensor compiles."""
-
-    def rewrite(x, dims=None, keepdim=False, *, dtype=None):
-        rank = x.dim()
-        if rank < 2 or (dims and len({d % rank for d in dims}) != rank):
-            return NotImplemented
-        out = op(torch.ops.aten.reshape.default(x, [-1]), [0], dtype=dtype)
-        return torch.ops.aten.reshape.default(out, [1] * rank) if keepdim else out
-
-    return rewrite
-
-
-# Rewrites applied before lowering, to steer around IREE codegen bugs. Each returns
-# NotImplemented for the nodes it leaves alone.
-_PRE_LOWERING = {
-    torch.ops.aten.sum.dim_IntList: _flat_reduction(torch.ops.aten.sum.dim_IntList),
-    torch.ops.aten.sum.default: _flat_reduction(torch.ops.aten.sum.dim_IntList),
-    torch.ops.aten.mean.dim: _flat_reduction(torch.ops.aten.mean.dim),
-    torch.ops.aten.mean.default: _flat_reduction(torch.ops.aten.mean.dim),
-}
-
-
 def _is_full_reduction(node: fx.Node) -> bool:
     x = node.args[0].meta.get("val") if isinstance(node.args[0], fx.Node) else None
-    if not isinstance(x, torch.Tensor) or x.dim() < 2:
-        return False
     dims = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim")
-    return not dims or len({d % x.dim() for d in dims}) == x.dim()
+    return is_full_reduction(x, dims)
 
 
 def normalize(gm: fx.GraphModule, args: list) -> fx.GraphModule:
     """Apply the pre-lowering rewrites, retracing only when one of them has work to do."""
-    if any(n.target in _PRE_LOWERING and _is_full_reduction(n) for n in compute_nodes(gm)):
-        return retrace(gm, args, _PRE_LOWERING)
+    if any(n.target in PRE_LOWERING and _is_full_reduction(n) for n in compute_nodes(gm)):
+        return retrace(gm, args, PRE_LOWERING)
     return gm
 
 
@@ -136,7 +97,7 @@ def decomposition_table(gm: fx.GraphModule, names: set[str]) -> tuple[dict, set[
         name = mlir_op_name(node.target)
         if name not in names or node.target in table:
             continue
-        own = _OWN_DECOMPOSITIONS.get(node.target)
+        own = FALLBACK.get(node.target)
         found = {node.target: own} if own else get_decompositions([node.target])
         if found:
             table.update(found)

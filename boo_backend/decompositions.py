@@ -1,0 +1,109 @@
+"""boo's own FX-level rewrites. A leaf: imports nothing from boo_backend.
+
+- AOT: entries that replace core ATen's in the table given to AOTAutograd.
+- FALLBACK: decompositions for ops that torch-mlir cannot lower and whose torch._decomp entry
+  is missing or leads back to such ops. Used at fallback step 3, before torch._decomp.
+- PRE_LOWERING: rewrites applied to every graph to steer around IREE codegen bugs; each one
+  returns NotImplemented for the calls it leaves alone.
+"""
+
+from __future__ import annotations
+
+import torch
+
+aten = torch.ops.aten
+
+
+def _squeeze_dims(x, dims):
+    dims = {d % max(x.dim(), 1) for d in dims}
+    return aten.reshape.default(x, [s for i, s in enumerate(x.shape) if i not in dims or s != 1])
+
+
+def _flash_attention_cpu_backward(grad_out, q, k, v, out, logsumexp, dropout_p, is_causal,
+                                  *, attn_mask=None, scale=None):
+    """Attention backward from the saved log-sum-exp: recompute the probabilities, then
+    dV = P^T dO, dS = P * (dO V^T - rowsum(dO * O)), dQ = dS K * scale, dK = dS^T Q * scale."""
+    if dropout_p != 0.0 or k.shape[1] != q.shape[1]:
+        return NotImplemented  # dropout masks and grouped heads are not reproduced here
+    scale = scale if scale is not None else q.shape[-1] ** -0.5
+    f32 = torch.float32
+    qf, kf, vf, dof, of = (t.to(f32) for t in (q, k, v, grad_out, out))
+    scores = _masked_scores(qf, kf, scale, is_causal, attn_mask)
+    probs = torch.exp(scores - logsumexp.to(f32).unsqueeze(-1))
+    dv = torch.matmul(probs.transpose(-2, -1), dof)
+    dprobs = torch.matmul(dof, vf.transpose(-2, -1))
+    delta = (dof * of).sum(dim=-1, keepdim=True)
+    dscores = probs * (dprobs - delta) * scale
+    dq = torch.matmul(dscores, kf)
+    dk = torch.matmul(dscores.transpose(-2, -1), qf)
+    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
+
+
+def _flash_attention_cpu(q, k, v, dropout_p=0.0, is_causal=False, *, attn_mask=None, scale=None):
+    """Attention forward that also returns the log-sum-exp its backward needs (torch._decomp's
+    entry returns the probabilities in that place, which only inference can use)."""
+    if dropout_p != 0.0 or k.shape[1] != q.shape[1]:
+        return NotImplemented
+    scale = scale if scale is not None else q.shape[-1] ** -0.5
+    f32 = torch.float32
+    scores = _masked_scores(q.to(f32), k.to(f32), scale, is_causal, attn_mask)
+    lse = torch.logsumexp(scores, dim=-1)
+    out = torch.matmul(torch.exp(scores - lse.unsqueeze(-1)), v.to(f32))
+    return out.to(q.dtype), lse
+
+
+def _masked_scores(qf, kf, scale, is_causal, attn_mask):
+    scores = torch.matmul(qf, kf.transpose(-2, -1)) * scale
+    if is_causal:
+        lq, lk = qf.shape[-2], kf.shape[-2]
+        keep = torch.ones(lq, lk, dtype=torch.bool, device=qf.device).tril(diagonal=lk - lq)
+        scores = scores.masked_fill(~keep, float("-inf"))
+    if attn_mask is not None:
+        scores = (scores.masked_fill(~attn_mask, float("-inf")) if attn_mask.dtype == torch.bool
+                  else scores + attn_mask.to(scores.dtype))
+    return scores
+
+
+# core ATen's entry for CPU flash attention saves the probabilities where its backward
+# expects the log-sum-exp, so training through it fails; this one saves the log-sum-exp.
+AOT = {
+    aten._scaled_dot_product_flash_attention_for_cpu.default: _flash_attention_cpu,
+}
+
+FALLBACK = {
+    aten._scaled_dot_product_flash_attention_for_cpu.default: _flash_attention_cpu,
+    aten.squeeze.dims: _squeeze_dims,
+    aten._scaled_dot_product_flash_attention_for_cpu_backward.default: _flash_attention_cpu_backward,
+}
+
+
+def _flat_reduction(op):
+    """`op` over all dims of a rank>=2 tensor, computed on its 1-D reshape instead.
+
+    IREE 3.13's CPU codegen fails ('vector.contract' op invalid accumulator/result vector
+    shape) when a broadcasting elementwise op feeds a reduction to a 0-d result; the same
+    reduction over the flattened tensor compiles."""
+
+    def rewrite(x, dims=None, keepdim=False, *, dtype=None):
+        rank = x.dim()
+        if rank < 2 or (dims and len({d % rank for d in dims}) != rank):
+            return NotImplemented
+        out = op(aten.reshape.default(x, [-1]), [0], dtype=dtype)
+        return aten.reshape.default(out, [1] * rank) if keepdim else out
+
+    return rewrite
+
+
+PRE_LOWERING = {
+    aten.sum.dim_IntList: _flat_reduction(aten.sum.dim_IntList),
+    aten.sum.default: _flat_reduction(aten.sum.dim_IntList),
+    aten.mean.dim: _flat_reduction(aten.mean.dim),
+    aten.mean.default: _flat_reduction(aten.mean.dim),
+}
+
+
+def is_full_reduction(x, dims) -> bool:
+    """Whether a PRE_LOWERING reduction of `x` (a tensor value) over `dims` would be rewritten."""
+    if not isinstance(x, torch.Tensor) or x.dim() < 2:
+        return False
+    return not dims or len({d % x.dim() for d in dims}) == x.dim()
