@@ -9,6 +9,10 @@ An entry says, for a node of its op:
 - `reference`: the decomposition it replaces (a torch._decomp entry), used when it is off;
 - `canonical`: optional, rewrites a call into the shapes the kernel is written for;
 - `tensor_args`: positions of the op's tensor arguments the kernel takes (None ones dropped).
+- `flags`: the MIOpen-style -F bits this op answers in the benchmark driver (1 forward,
+  2 input gradient, 4 weight gradient, 8 bias gradient), under its family name
+  (`layer_norm` for native_layer_norm and native_layer_norm_backward);
+- `sample(shape, dtype, flags)`: random inputs (args, kwargs) for the driver and benchmarks.
 `args`/`kwargs` hold FakeTensors for tensors; `outs` the op's FakeTensor results.
 """
 
@@ -34,6 +38,8 @@ class Composite:
     params: Callable[..., dict]
     reference: Callable
     tensor_args: tuple[int, ...]
+    flags: int
+    sample: Callable[..., tuple[list, dict]]
     canonical: Callable | None = None
     version: int = 1
 
@@ -45,6 +51,11 @@ class Composite:
     @property
     def template(self) -> str:
         return f"{self.name}.mlir"
+
+    @property
+    def family(self) -> str:
+        """The driver's op name: `layer_norm` for native_layer_norm(_backward)."""
+        return self.name.removeprefix("native_").removesuffix("_backward")
 
 
 REGISTRY: dict[torch._ops.OpOverload, Composite] = {}
@@ -66,6 +77,23 @@ def by_name(name: str) -> Composite:
 
 def names() -> list[str]:
     return sorted(entry.name for entry in REGISTRY.values())
+
+
+def for_flags(family: str, flags: int) -> list[Composite]:
+    """The composites of `family` that -F `flags` asks for, forward first."""
+    found = [e for e in REGISTRY.values() if e.family == family]
+    if not found:
+        families = sorted({e.family for e in REGISTRY.values()})
+        raise BooError(f"unknown op {family!r}; valid ops are: {', '.join(families)}")
+    chosen = sorted((e for e in found if e.flags & flags), key=lambda e: e.flags)
+    if not chosen or flags & ~sum({e.flags for e in found}):
+        valid = ", ".join(f"{e.flags}={e.name}" for e in sorted(found, key=lambda e: e.flags))
+        raise BooError(f"-F {flags} does not fit {family}; its bits are {valid}")
+    return chosen
+
+
+def random_tensor(shape, dtype, scale=1.0, shift=0.0) -> torch.Tensor:
+    return (torch.randn(list(shape)) * scale + shift).to(dtype)
 
 
 def function_name(entry: Composite, params: dict) -> str:

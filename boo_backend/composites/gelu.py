@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch._decomp import decomposition_table
 
-from . import ELEMENT_TYPES, Composite, common_decline, register
+from . import ELEMENT_TYPES, Composite, common_decline, random_tensor, register
 
 aten = torch.ops.aten
 
@@ -32,12 +32,22 @@ def _params(args, kwargs, outs):
     }
 
 
+def _sample_forward(shape, dtype, flags):
+    return [random_tensor(shape, dtype, 2.0)], {"approximate": "none"}
+
+
+def _sample_backward(shape, dtype, flags):
+    return [random_tensor(shape, dtype), random_tensor(shape, dtype, 2.0)], {"approximate": "none"}
+
+
 register(Composite(
     op=aten.gelu.default,
     accepts=_accepts,
     params=_params,
     reference=decomposition_table[aten.gelu.default],
     tensor_args=(0,),
+    flags=1,
+    sample=_sample_forward,
 ))
 
 register(Composite(
@@ -46,4 +56,6 @@ register(Composite(
     params=_params,
     reference=decomposition_table[aten.gelu_backward.default],
     tensor_args=(0, 1),
+    flags=2,
+    sample=_sample_backward,
 ))

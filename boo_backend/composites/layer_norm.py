@@ -11,7 +11,7 @@ import math
 import torch
 from torch._decomp import decomposition_table
 
-from . import ELEMENT_TYPES, Composite, common_decline, register
+from . import ELEMENT_TYPES, Composite, common_decline, random_tensor, register
 
 aten = torch.ops.aten
 
@@ -68,12 +68,20 @@ def _forward_canonical(x, normalized_shape, weight, bias, eps):
     return _flat(out, list(x.shape)), _flat(mean, stat_shape), _flat(rstd, stat_shape)
 
 
+def _sample_forward(shape, dtype, flags):
+    n = shape[-1]
+    return [random_tensor(shape, dtype, 3.0, 0.5), [n], random_tensor([n], dtype, 1.0, 1.0),
+            random_tensor([n], dtype), 1e-5], {}
+
+
 register(Composite(
     op=aten.native_layer_norm.default,
     accepts=_forward_accepts,
     params=_forward_params,
     reference=decomposition_table[aten.native_layer_norm.default],
     tensor_args=(0, 2, 3),
+    flags=1,
+    sample=_sample_forward,
     canonical=_forward_canonical,
 ))
 
@@ -129,11 +137,20 @@ def _backward_canonical(grad, x, normalized_shape, mean, rstd, weight, bias, mas
     )
 
 
+def _sample_backward(shape, dtype, flags):
+    x, normalized, w, b, eps = _sample_forward(shape, dtype, 1)[0]
+    _, mean, rstd = aten.native_layer_norm.default(x, normalized, w, b, eps)
+    mask = [bool(flags & 2), bool(flags & 4), bool(flags & 8)]
+    return [random_tensor(shape, dtype), x, normalized, mean, rstd, w, b, mask], {}
+
+
 register(Composite(
     op=aten.native_layer_norm_backward.default,
     accepts=_backward_accepts,
     params=_backward_params,
     reference=decomposition_table[aten.native_layer_norm_backward.default],
     tensor_args=(0, 1, 3, 4, 5),
+    flags=14,
+    sample=_sample_backward,
     canonical=_backward_canonical,
 ))
