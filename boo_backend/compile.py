@@ -31,6 +31,11 @@ class Target:
     driver: str  # iree.runtime driver name
 
     @property
+    def kind(self) -> str:
+        """llvm-cpu, cuda or rocm."""
+        return self.name.split(":")[0]
+
+    @property
     def is_cpu(self) -> bool:
         return self.driver.startswith("local")
 

@@ -280,10 +280,10 @@ class CompiledGraph:
             before = graph
             graph = retrace(graph, args, table)
             _check_same_outputs(before, graph, table)
-        graph, composites = match.apply(graph, args, self.opts)
+        target = self._target(args)
+        graph, composites = match.apply(graph, args, self.opts, target.kind)
         if dump:
             (dump / "graph.txt").write_text(_describe(graph))
-        target = self._target(args)
         places = node_places(graph, plan)
         if "eager" not in places.values():
             return self._compile_part(graph, target, dump, "module"), composites

@@ -61,7 +61,7 @@ def _used_results(node: fx.Node, outs: list) -> set[int]:
     return used
 
 
-def _match_node(node: fx.Node, entry: composites.Composite) -> CompositeCall | str:
+def _match_node(node: fx.Node, entry: composites.Composite, target: str) -> CompositeCall | str:
     args = [_value(a) for a in node.args]
     kwargs = {k: _value(v) for k, v in node.kwargs.items()}
     outs = _outs(node)
@@ -72,11 +72,13 @@ def _match_node(node: fx.Node, entry: composites.Composite) -> CompositeCall | s
     if not _used_results(node, outs) <= set(produced):
         return "a result the kernel does not produce is used"
     positions = tuple(i for i in entry.tensor_args if i < len(args) and args[i] is not None)
-    return CompositeCall(entry, entry.params(args, kwargs, outs), positions, produced)
+    params = {**entry.params(args, kwargs, outs), "target": target}
+    return CompositeCall(entry, params, positions, produced)
 
 
-def apply(gm: fx.GraphModule, args: list, opts: Options) -> tuple[fx.GraphModule, int]:
-    """Mark the nodes enabled composites accept; returns the graph and how many were marked."""
+def apply(gm: fx.GraphModule, args: list, opts: Options, target: str) -> tuple[fx.GraphModule, int]:
+    """Mark the nodes enabled composites accept; returns the graph and how many were marked.
+    `target` (llvm-cpu, cuda, rocm) reaches the templates, which may tune their layout to it."""
     enabled = composites.enabled(opts.force_decompose)
     present = {n.target for n in gm.graph.nodes if n.op == "call_function"} & set(enabled)
     if not present:
@@ -89,7 +91,7 @@ def apply(gm: fx.GraphModule, args: list, opts: Options) -> tuple[fx.GraphModule
         entry = enabled.get(node.target) if node.op == "call_function" else None
         if entry is None:
             continue
-        result = _match_node(node, entry)
+        result = _match_node(node, entry, target)
         if isinstance(result, str):
             log.debug("boo: composite %s declines %s: %s", entry.name, node.name, result)
             continue

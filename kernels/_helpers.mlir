@@ -66,3 +66,9 @@ attributes {boo.composite = "{{ composite }}", boo.version = {{ version }} : i64
     linalg.yield {{ f32ref(name ~ "_f", name ~ "_in", dtype) }} : f32
   } -> {{ tensor([M], "f32") }}
 {%- endmacro %}
+
+{#- CPU tile sizes for one linalg op (IREE's DoubleTilingExpert pipeline): per loop, the
+    workgroup tile, the vector tile of parallel loops, the vector tile of reductions. -#}
+{% macro cpu_tiles(distribution, parallel, reduction) -%}
+#iree_codegen.compilation_info<lowering_config = #iree_cpu.lowering_config<distribution = {{ distribution }}, vector_common_parallel = {{ parallel }}, vector_reduction = {{ reduction }}>, translation_info = #iree_codegen.translation_info<pipeline = #iree_cpu.pipeline<DoubleTilingExpert>>>
+{%- endmacro %}

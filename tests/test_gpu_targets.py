@@ -18,7 +18,7 @@ from test_composites import ROWS
 TARGETS = ["cuda:sm_80", "rocm:gfx942"]
 
 
-def _lowered(name, dtype):
+def _lowered(name, dtype, target="llvm-cpu"):
     row = ROWS[name]
     args, kwargs = row.make((64, 256), dtype, True, row.variants[0])
     op = composites.by_name(name).op
@@ -32,7 +32,7 @@ def _lowered(name, dtype):
         return op(*full, **kwargs)
 
     gm = make_fx(fn, tracing_mode="fake")(*tensors)
-    gm, matched = match.apply(gm, tensors, Options.resolve())
+    gm, matched = match.apply(gm, tensors, Options.resolve(), parse_target(target).kind)
     assert matched == 1
     lowered = lower(gm)
     assert f"@boo.{name}." in lowered.mlir
@@ -43,14 +43,14 @@ def _lowered(name, dtype):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
 @pytest.mark.parametrize("name", sorted(ROWS))
 def test_composite_compiles_for_gpu(name, dtype, target, tmp_path):
-    vmfb = compile_mlir(_lowered(name, dtype), parse_target(target), CompileCache(tmp_path, enabled=False))
+    vmfb = compile_mlir(_lowered(name, dtype, target), parse_target(target), CompileCache(tmp_path, enabled=False))
     assert len(vmfb) > 1000
 
 
 def test_hopper_gets_sm89_code(tmp_path):
     target = parse_target("cuda:sm_90")
     assert "--iree-cuda-target=sm_89" in target.flags
-    assert compile_mlir(_lowered("gelu", torch.float32), target, CompileCache(tmp_path, enabled=False))
+    assert compile_mlir(_lowered("gelu", torch.float32, "cuda:sm_90"), target, CompileCache(tmp_path, enabled=False))
 
 
 @pytest.mark.gpu
