@@ -10,6 +10,7 @@ import logging
 
 import torch.fx as fx
 from torch._dynamo.backends.common import aot_autograd
+from torch._functorch.partitioners import min_cut_rematerialization_partition
 
 from . import composites, match
 from .config import Options
@@ -37,4 +38,5 @@ def boo(gm: fx.GraphModule, example_inputs, options: dict | None = None, **kwarg
         bw_compiler=compiler("backward"),
         inference_compiler=compiler("inference"),
         decompositions=match.decompositions(opts),
+        partition_fn=min_cut_rematerialization_partition,
     )(gm, example_inputs)

@@ -12,6 +12,7 @@ Every control has one environment variable and one options key of the same meani
 | BOO_CACHE            | cache               | "0" turns the compile cache off                      |
 | BOO_CACHE_DIR        | cache_dir           | where the on-disk compile cache lives                |
 | BOO_TARGET           | target              | IREE target: llvm-cpu, cuda:sm_80, rocm:gfx942, ...  |
+| BOO_ATEN_MATMUL      | aten_matmul         | "1": mm/addmm/bmm/convolution run as ATen kernels    |
 """
 
 from __future__ import annotations
@@ -64,6 +65,8 @@ class Options:
     cache_dir: Path = dataclasses.field(default_factory=_default_cache_dir)
     # None: pick from the inputs' device.
     target: str | None = None
+    # Leave matrix products and convolutions to ATen between IREE parts.
+    aten_matmul: bool = False
 
     _ENV = {
         "strict": "BOO_STRICT",
@@ -72,6 +75,7 @@ class Options:
         "cache": "BOO_CACHE",
         "cache_dir": "BOO_CACHE_DIR",
         "target": "BOO_TARGET",
+        "aten_matmul": "BOO_ATEN_MATMUL",
     }
 
     @classmethod
@@ -91,6 +95,8 @@ class Options:
             kwargs["strict"] = _parse_bool("strict", raw["strict"])
         if "cache" in raw:
             kwargs["cache"] = _parse_bool("cache", raw["cache"])
+        if "aten_matmul" in raw:
+            kwargs["aten_matmul"] = _parse_bool("aten_matmul", raw["aten_matmul"])
         if "force_decompose" in raw:
             value = raw["force_decompose"]
             if isinstance(value, (list, tuple, set)):

@@ -77,28 +77,30 @@ FALLBACK = {
 }
 
 
-def _flat_reduction(op):
-    """`op` over all dims of a rank>=2 tensor, computed on its 1-D reshape instead.
+def _two_stage_reduction(op):
+    """`op` over all dims of a rank>=2 tensor, as rows first, then the row results.
 
     IREE 3.13's CPU codegen fails ('vector.contract' op invalid accumulator/result vector
-    shape) when a broadcasting elementwise op feeds a reduction to a 0-d result; the same
-    reduction over the flattened tensor compiles."""
+    shape) when a broadcasting elementwise op feeds a reduction to a 0-d result. Reducing the
+    rows first also spreads the work over threads, where one 0-d reduction runs on one.
+    Rows have equal length, so this holds for mean as well as for sum."""
 
     def rewrite(x, dims=None, keepdim=False, *, dtype=None):
         rank = x.dim()
         if rank < 2 or (dims and len({d % rank for d in dims}) != rank):
             return NotImplemented
-        out = op(aten.reshape.default(x, [-1]), [0], dtype=dtype)
+        rows = aten.reshape.default(x, [-1, x.shape[-1]])
+        out = op(op(rows, [1], dtype=dtype), [0])
         return aten.reshape.default(out, [1] * rank) if keepdim else out
 
     return rewrite
 
 
 PRE_LOWERING = {
-    aten.sum.dim_IntList: _flat_reduction(aten.sum.dim_IntList),
-    aten.sum.default: _flat_reduction(aten.sum.dim_IntList),
-    aten.mean.dim: _flat_reduction(aten.mean.dim),
-    aten.mean.default: _flat_reduction(aten.mean.dim),
+    aten.sum.dim_IntList: _two_stage_reduction(aten.sum.dim_IntList),
+    aten.sum.default: _two_stage_reduction(aten.sum.dim_IntList),
+    aten.mean.dim: _two_stage_reduction(aten.mean.dim),
+    aten.mean.default: _two_stage_reduction(aten.mean.dim),
 }
 
 

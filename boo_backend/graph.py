@@ -19,7 +19,7 @@ from .compile import BooCompileError, Target, compile_flags, compile_mlir, parse
 from .config import BooError, BooFallbackWarning, BooStrictError, Options
 from .lower import Lowered, lower, mlir_op_name, unregistered_ops
 from .partition import (
-    Plan, compute_nodes, decomposition_table, is_symbolic, node_places, normalize, retrace,
+    ATEN_MATMUL, Plan, compute_nodes, decomposition_table, is_symbolic, node_places, normalize, retrace,
     split_islands,
 )
 from .runtime import IreeFunction
@@ -41,6 +41,7 @@ class Placement:
     decomposed: int
     island: int
     composites: int = 0
+    aten: int = 0  # left to ATen kernels by choice (BOO_ATEN_MATMUL)
     recovered: bool = False
     island_ops: tuple[str, ...] = ()
 
@@ -50,6 +51,8 @@ class Placement:
             f"({self.composites} as composites), {self.decomposed} decomposed at FX level, "
             f"{self.island} in eager islands"
         )
+        if self.aten:
+            text += f", {self.aten} as ATen matmul kernels"
         if self.island_ops:
             text += f" [{', '.join(self.island_ops)}]"
         if self.recovered:
@@ -192,14 +195,15 @@ class CompiledGraph:
         graph = normalize(graph, args)
         ops = compute_nodes(graph)
         plan_key = self.cache.key(
-            "plan", str(graph.graph), self._target(args).name, self.opts.force_decompose,
+            "plan", str(graph.graph), *compile_flags(self._target(args)), self.opts.force_decompose,
+            self.opts.aten_matmul,
             *(f"{a.dtype}{tuple(a.shape)}" for a in args if isinstance(a, torch.Tensor)),
         )
         cached = self.cache.get_json(plan_key)
         plan = Plan.from_json(cached) if cached else Plan()
         dump = self._dump_dir(name)
         try:
-            runner, composites = self._assemble_until_placed(graph, args, plan, dump)
+            runner, composites, aten = self._assemble_until_placed(graph, args, plan, dump)
         except BooStrictError:
             raise
         except Exception as e:  # anything the compiler stack throws that we cannot attribute
@@ -220,8 +224,8 @@ class CompiledGraph:
         island = sum(n in plan.island for n in names)
         decomposed = sum(n in plan.decompose and n not in plan.island for n in names)
         self._record(Placement(
-            name, self.kind, len(ops), len(ops) - island - decomposed, decomposed, island,
-            composites, island_ops=tuple(sorted(plan.island)),
+            name, self.kind, len(ops), len(ops) - island - decomposed - aten, decomposed, island,
+            composites, aten, island_ops=tuple(sorted(plan.island)),
         ))
         return runner
 
@@ -284,14 +288,15 @@ class CompiledGraph:
         graph, composites = match.apply(graph, args, self.opts, target.kind)
         if dump:
             (dump / "graph.txt").write_text(_describe(graph))
-        places = node_places(graph, plan)
-        if "eager" not in places.values():
-            return self._compile_part(graph, target, dump, "module"), composites
+        places = node_places(graph, plan, ATEN_MATMUL if self.opts.aten_matmul else frozenset())
+        aten = sum(p == "aten" and n.target in ATEN_MATMUL for n, p in places.items())
+        if set(places.values()) <= {"iree"}:
+            return self._compile_part(graph, target, dump, "module"), composites, aten
         outer, place_of_part = split_islands(graph, places)
         for sub, place in place_of_part.items():
             if place == "iree":
                 setattr(outer, sub, self._compile_part(getattr(outer, sub), target, dump, sub))
-        return outer, composites
+        return outer, composites, aten
 
     def _compile_part(self, graph: fx.GraphModule, target: Target, dump, part: str) -> IreePart:
         lowered = lower(graph)

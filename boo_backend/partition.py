@@ -106,16 +106,26 @@ def decomposition_table(gm: fx.GraphModule, names: set[str]) -> tuple[dict, set[
     return table, missing
 
 
-def node_places(gm: fx.GraphModule, plan: Plan) -> dict[fx.Node, str]:
-    """'iree' or 'eager' for each call node; getitem follows the node it reads."""
+# Ops left to ATen by choice under BOO_ATEN_MATMUL=1, the way Inductor calls extern kernels.
+ATEN_MATMUL = frozenset({
+    torch.ops.aten.mm.default, torch.ops.aten.addmm.default, torch.ops.aten.bmm.default,
+    torch.ops.aten.convolution.default, torch.ops.aten.convolution_backward.default,
+})
+
+
+def node_places(gm: fx.GraphModule, plan: Plan, extern: frozenset = frozenset()) -> dict[fx.Node, str]:
+    """'iree', 'eager' (an island) or 'aten' (an extern kernel by choice) for each call node;
+    getitem follows the node it reads."""
     places: dict[fx.Node, str] = {}
     for node in gm.graph.nodes:
         if node.op != "call_function":
             continue
         if node.target is operator.getitem and node.args[0] in places:
             places[node] = places[node.args[0]]
+        elif mlir_op_name(node.target) in plan.island:
+            places[node] = "eager"
         else:
-            places[node] = "eager" if mlir_op_name(node.target) in plan.island else "iree"
+            places[node] = "aten" if node.target in extern else "iree"
     return places
 
 

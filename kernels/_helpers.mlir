@@ -72,3 +72,15 @@ attributes {boo.composite = "{{ composite }}", boo.version = {{ version }} : i64
 {% macro cpu_tiles(distribution, parallel, reduction) -%}
 #iree_codegen.compilation_info<lowering_config = #iree_cpu.lowering_config<distribution = {{ distribution }}, vector_common_parallel = {{ parallel }}, vector_reduction = {{ reduction }}>, translation_info = #iree_codegen.translation_info<pipeline = #iree_cpu.pipeline<DoubleTilingExpert>>>
 {%- endmacro %}
+
+{#- Wrap the caller's ops in one IREE dispatch region returning `values`, as %name#i. For
+    row-local work (reductions feeding elementwise ops over the same rows) this keeps a row
+    in cache between the passes instead of splitting them into dispatches. Generic syntax,
+    since the flow dialect is unknown where the kernel is parsed. -#}
+{% macro dispatch_region(name, values, types) -%}
+%{{ name }}:{{ values|length }} = "flow.dispatch.region"() <{operandSegmentSizes = array<i32: 0, 0>}> ({
+{{ caller() }}
+    "flow.return"({{ values|join(", ") }}) : ({{ types|join(", ") }}) -> ()
+  }, {
+  }) : () -> ({{ types|join(", ") }})
+{%- endmacro %}

@@ -14,6 +14,7 @@ func.func private @{{ func_name }}(%x: {{ X }}{% if has_weight %}, %w: {{ V }}{%
   %mean_out = tensor.empty() : {{ STAT }}
   %rstd_out = tensor.empty() : {{ STAT }}
 {% else %}
+  {% call h.dispatch_region("ln", ["%out", "%mean_out", "%rstd_out"], [X, STAT, STAT]) %}
   %zero = arith.constant 0.0 : f32
   %n = arith.constant {{ "%.1f"|format(N) }} : f32
   %eps = arith.constant {{ "%.17e"|format(eps) }} : f32
@@ -84,6 +85,11 @@ func.func private @{{ func_name }}(%x: {{ X }}{% if has_weight %}, %w: {{ V }}{%
   } -> {{ X }}
   {{ h.row_stat("mean_out", "%stats#0", M, stat_dtype) }}
   {{ h.row_stat("rstd_out", "%stats#1", M, stat_dtype) }}
+  {% endcall %}
+
+  return %ln#0, %ln#1, %ln#2 : {{ X }}, {{ STAT }}, {{ STAT }}
 {% endif %}
+{% if M == 0 %}
   return %out, %mean_out, %rstd_out : {{ X }}, {{ STAT }}, {{ STAT }}
+{% endif %}
 }

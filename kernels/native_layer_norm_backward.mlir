@@ -81,7 +81,11 @@ func.func private @{{ func_name }}(%g: {{ X }}, %x: {{ X }}, %mean: {{ STAT }}, 
 {% set BR = h.tensor([blocks, R], "f32") %}
 {% set P = h.tensor([blocks, N], "f32") %}
 {% set COL = h.tensor([N], "f32") %}
-  %g3 = tensor.expand_shape %g [[0, 1], [2]] output_shape [{{ blocks }}, {{ R }}, {{ N }}] : {{ X }} into {{ B3 }}
+  {#- A barrier keeps IREE from fusing the producer of %g (often an activation's backward)
+      into this column reduction, where it would run once per strided element; it is
+      cheaper to materialize it. #}
+  %g_cols = "util.optimization_barrier"(%g) : ({{ X }}) -> {{ X }}
+  %g3 = tensor.expand_shape %g_cols [[0, 1], [2]] output_shape [{{ blocks }}, {{ R }}, {{ N }}] : {{ X }} into {{ B3 }}
   %x3 = tensor.expand_shape %x [[0, 1], [2]] output_shape [{{ blocks }}, {{ R }}, {{ N }}] : {{ X }} into {{ B3 }}
   %mean2 = tensor.expand_shape %mean_f [[0, 1]] output_shape [{{ blocks }}, {{ R }}] : {{ ROW }} into {{ BR }}
   %rstd2 = tensor.expand_shape %rstd_f [[0, 1]] output_shape [{{ blocks }}, {{ R }}] : {{ ROW }} into {{ BR }}
