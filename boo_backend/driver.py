@@ -61,9 +61,11 @@ def _parser(exit_on_error: bool) -> argparse.ArgumentParser:
 def parse_command(text: str, defaults: argparse.Namespace | None = None) -> Command:
     """One command line (without `boo-driver`); raises BooError saying what is wrong."""
     try:
-        ns = _parser(exit_on_error=False).parse_args(shlex.split(text), namespace=defaults)
-    except (argparse.ArgumentError, SystemExit) as e:
+        ns, extra = _parser(exit_on_error=False).parse_known_args(shlex.split(text), namespace=defaults)
+    except (argparse.ArgumentError, ValueError) as e:
         raise BooError(f"bad command {text!r}: {e}") from None
+    if extra:
+        raise BooError(f"bad command {text!r}: unrecognized arguments: {' '.join(extra)}")
     if not ns.op:
         raise BooError(f"bad command {text!r}: no op given")
     try:

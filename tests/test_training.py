@@ -106,3 +106,12 @@ def test_new_batch_size_with_default_dynamic():
         assert_close(out, ref, f"output at batch {batch}")
         for a, b in zip(ours, [p.grad for p in model.parameters()]):
             assert_close(a, b, f"grad at batch {batch}")
+
+
+def test_aten_matmul_switch_keeps_results_and_reports_it(monkeypatch):
+    monkeypatch.setenv("BOO_ATEN_MATMUL", "1")
+    boo_backend.reset()
+    torch.manual_seed(0)
+    compare_training(MLP(), _batches((16, 12), 5), nll_of_probs, steps=2)
+    assert all(p.aten > 0 for p in boo_backend.placements()), [p.line() for p in boo_backend.placements()]
+    assert all(p.island == 0 for p in boo_backend.placements())
