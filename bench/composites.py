@@ -6,7 +6,10 @@ bandwidth against a plain copy. Uses boo's public driver API.
 """
 
 import argparse
+import csv
 import sys
+
+import torch
 
 from boo_backend import driver
 
@@ -27,7 +30,7 @@ def main(argv=None) -> int:
     rows = []
     for i, text in enumerate(commands, 1):
         print(f"[{i}/{len(commands)}] {text}", file=sys.stderr, flush=True)
-        rows += driver.measure(driver.parse_command(text), driver.torch.device("cpu"))
+        rows += driver.measure(driver.parse_command(text), torch.device("cpu"))
     print(driver.format_table(rows))
     print("\nratios (median time; higher is better for boo):")
     print(f"{'op':28} {'shape':10} {'dtype':5} {'vs decomposed':>14} {'vs eager':>9} {'% copy':>7}")
@@ -40,7 +43,6 @@ def main(argv=None) -> int:
         print(f"{op:28} {shape:10} {dtype:5} {b['boo-decomposed']['median_ms'] / boo:14.2f} "
               f"{b['eager']['median_ms'] / boo:9.2f} {b['boo']['copy_pct']:7.1f}")
     if args.csv:
-        import csv
         with open(args.csv, "w", newline="") as f:
             w = csv.DictWriter(f, fieldnames=driver.CSV_COLUMNS)
             w.writeheader()

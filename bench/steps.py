@@ -102,6 +102,7 @@ def _child(workload, backend, cache_dir) -> float:
 
 
 def measure(workload: str, backend: str, steps: int, ref_grads) -> dict:
+    torch._dynamo.reset()  # each run compiles afresh; Dynamo's recompile limit would mix runs
     model, x, y = build(workload)
     run = compiled(model, backend)
     step(run, model, x, y)  # compile

@@ -19,8 +19,8 @@ from .compile import BooCompileError, Target, compile_flags, compile_mlir, parse
 from .config import BooError, BooFallbackWarning, BooStrictError, Options
 from .lower import Lowered, lower, mlir_op_name, unregistered_ops
 from .partition import (
-    ATEN_MATMUL, Plan, compute_nodes, decomposition_table, is_symbolic, node_places, normalize, retrace,
-    split_islands,
+    ATEN_MATMUL, Plan, compute_nodes, decomposition_table, is_symbolic, node_places,
+    preparation_table, retrace, split_islands,
 )
 from .runtime import IreeFunction
 
@@ -97,19 +97,24 @@ def _failing_ops(err: BooCompileError) -> set[str]:
     return names
 
 
-def _output_metas(gm: fx.GraphModule) -> list:
+def _output_metas(gm: fx.GraphModule, shapes: bool = True) -> list:
     out = next(n for n in gm.graph.nodes if n.op == "output").args[0]
     vals = [a.meta.get("val") if isinstance(a, fx.Node) else a for a in (out if isinstance(out, (tuple, list)) else [out])]
-    return [(tuple(v.shape), v.dtype) if isinstance(v, torch.Tensor) else type(v) for v in vals]
+    return [
+        ((tuple(v.shape) if shapes else v.dim()), v.dtype) if isinstance(v, torch.Tensor)
+        else ("value" if shapes else type(v).__name__.replace("SymInt", "int"))
+        for v in vals
+    ]
 
 
-def _check_same_outputs(before: fx.GraphModule, after: fx.GraphModule, table: dict) -> None:
+def _check_same_outputs(before: fx.GraphModule, after: fx.GraphModule, table: dict, symbolic: bool) -> None:
     """A decomposition must not change what the graph returns (torch._decomp's attention entry,
-    for one, returns probabilities where the log-sum-exp belongs)."""
-    if _output_metas(before) != _output_metas(after):
+    for one, returns probabilities where the log-sum-exp belongs). Symbolic graphs compare
+    ranks and dtypes."""
+    if _output_metas(before, not symbolic) != _output_metas(after, not symbolic):
         raise BooError(
             f"boo: decomposing {', '.join(map(str, table))} changed the graph's outputs: "
-            f"ours={_output_metas(after)} | torch={_output_metas(before)}"
+            f"ours={_output_metas(after, not symbolic)} | torch={_output_metas(before, not symbolic)}"
         )
 
 
@@ -191,19 +196,17 @@ class CompiledGraph:
 
     def _build(self, args: list, index: int):
         name = self.name if index == 0 else f"{self.name}_s{index}"
-        graph = retrace(self.gm, args) if self.symbolic else self.gm
-        graph = normalize(graph, args)
-        ops = compute_nodes(graph)
+        ops = [n for n in compute_nodes(self.gm) if not n.target.__name__.startswith("sym_")]
         plan_key = self.cache.key(
-            "plan", str(graph.graph), *compile_flags(self._target(args)), self.opts.force_decompose,
+            "plan", str(self.gm.graph), *compile_flags(self._target(args)), self.opts.force_decompose,
             self.opts.aten_matmul,
-            *(f"{a.dtype}{tuple(a.shape)}" for a in args if isinstance(a, torch.Tensor)),
+            *(f"{a.dtype}{tuple(a.shape)}" if isinstance(a, torch.Tensor) else repr(a) for a in args),
         )
         cached = self.cache.get_json(plan_key)
         plan = Plan.from_json(cached) if cached else Plan()
         dump = self._dump_dir(name)
         try:
-            runner, composites, aten = self._assemble_until_placed(graph, args, plan, dump)
+            runner, composites, aten = self._assemble_until_placed(args, plan, dump)
         except BooStrictError:
             raise
         except Exception as e:  # anything the compiler stack throws that we cannot attribute
@@ -240,18 +243,18 @@ class CompiledGraph:
         path.mkdir(parents=True, exist_ok=True)
         return path
 
-    def _assemble_until_placed(self, graph: fx.GraphModule, args: list, plan: Plan, dump):
+    def _assemble_until_placed(self, args: list, plan: Plan, dump):
         """Compile; each time the compiler names ops it cannot lower, move them one step
         down the fallback order (FX decomposition, then eager island) and try again."""
         while True:
             try:
-                return self._assemble(graph, args, plan, dump)
+                return self._assemble(args, plan, dump)
             except _Unlowerable as e:
                 changed = False
                 for op in sorted(e.names):
                     if op not in plan.decompose:
                         plan.decompose.add(op)
-                        log.debug("boo: torch-mlir cannot lower %s; trying its torch._decomp decomposition", op)
+                        log.debug("boo: torch-mlir cannot lower %s; trying its decomposition", op)
                         changed = True
                     elif op not in plan.island:
                         plan.island.add(op)
@@ -274,18 +277,22 @@ class CompiledGraph:
                 stacklevel=4,
             )
 
-    def _assemble(self, graph: fx.GraphModule, args: list, plan: Plan, dump):
-        # A decomposition may produce further ops the plan decomposes; repeat until none is left.
-        for _ in range(8):
-            table, missing = decomposition_table(graph, plan.decompose - plan.island)
-            plan.island |= missing
-            if not table:
-                break
-            before = graph
-            graph = retrace(graph, args, table)
-            _check_same_outputs(before, graph, table)
+    def _prepare(self, args: list, plan: Plan) -> fx.GraphModule:
+        """One retrace of the graph on `args`: concrete sizes, pre-lowering rewrites, the
+        composites' canonical forms and the plan's FX-level decompositions."""
+        decompositions, missing = decomposition_table(plan.decompose - plan.island)
+        plan.island |= missing
+        table = preparation_table(self.gm, decompositions, match.canonical_table(self.opts))
+        if not self.symbolic and not any(n.target in table for n in compute_nodes(self.gm)):
+            return self.gm
+        graph = retrace(self.gm, args, table)
+        _check_same_outputs(self.gm, graph, decompositions, self.symbolic)
+        return graph
+
+    def _assemble(self, args: list, plan: Plan, dump):
+        graph = self._prepare(args, plan)
         target = self._target(args)
-        graph, composites = match.apply(graph, args, self.opts, target.kind)
+        composites = match.apply(graph, self.opts, target.kind)
         if dump:
             (dump / "graph.txt").write_text(_describe(graph))
         places = node_places(graph, plan, ATEN_MATMUL if self.opts.aten_matmul else frozenset())

@@ -20,7 +20,6 @@ import torch.fx as fx
 from . import composites
 from .config import Options
 from .decompositions import AOT
-from .partition import retrace
 
 log = logging.getLogger("boo_backend")
 
@@ -76,16 +75,16 @@ def _match_node(node: fx.Node, entry: composites.Composite, target: str) -> Comp
     return CompositeCall(entry, params, positions, produced)
 
 
-def apply(gm: fx.GraphModule, args: list, opts: Options, target: str) -> tuple[fx.GraphModule, int]:
-    """Mark the nodes enabled composites accept; returns the graph and how many were marked.
-    `target` (llvm-cpu, cuda, rocm) reaches the templates, which may tune their layout to it."""
+def canonical_table(opts: Options) -> dict:
+    """The rewrites that put calls of enabled composites into their kernels' shapes."""
+    return {op: e.canonical for op, e in composites.enabled(opts.force_decompose).items() if e.canonical}
+
+
+def apply(gm: fx.GraphModule, opts: Options, target: str) -> int:
+    """Mark the nodes of `gm` that enabled composites accept (in canonical form already: see
+    canonical_table); returns how many were marked. `target` (llvm-cpu, cuda, rocm) reaches
+    the templates, which may tune their layout to it."""
     enabled = composites.enabled(opts.force_decompose)
-    present = {n.target for n in gm.graph.nodes if n.op == "call_function"} & set(enabled)
-    if not present:
-        return gm, 0
-    canonical = {op: enabled[op].canonical for op in present if enabled[op].canonical}
-    if canonical:
-        gm = retrace(gm, args, canonical)
     matched = 0
     for node in gm.graph.nodes:
         entry = enabled.get(node.target) if node.op == "call_function" else None
@@ -97,7 +96,7 @@ def apply(gm: fx.GraphModule, args: list, opts: Options, target: str) -> tuple[f
             continue
         node.meta[META_KEY] = result
         matched += 1
-    return gm, matched
+    return matched
 
 
 def decompositions(opts: Options) -> dict:

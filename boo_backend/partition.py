@@ -81,29 +81,41 @@ def _is_full_reduction(node: fx.Node) -> bool:
     return is_full_reduction(x, dims)
 
 
-def normalize(gm: fx.GraphModule, args: list) -> fx.GraphModule:
-    """Apply the pre-lowering rewrites, retracing only when one of them has work to do."""
-    if any(n.target in PRE_LOWERING and _is_full_reduction(n) for n in compute_nodes(gm)):
-        return retrace(gm, args, PRE_LOWERING)
-    return gm
+def op_for_name(name: str):
+    """The OpOverload torch-mlir calls `name` (torch.aten.sum.dim_IntList), or None."""
+    parts = name.split(".")
+    if len(parts) not in (3, 4) or parts[0] != "torch":
+        return None
+    packet = getattr(getattr(torch.ops, parts[1], None), parts[2], None)
+    return getattr(packet, parts[3] if len(parts) == 4 else "default", None)
 
 
-def decomposition_table(gm: fx.GraphModule, names: set[str]) -> tuple[dict, set[str]]:
-    """Decompositions for the ops of `gm` named in `names` (boo's own rewrites first, then
-    torch._decomp); also the names that have none."""
+def decomposition_table(names: set[str]) -> tuple[dict, set[str]]:
+    """Decompositions for the ops named in `names` (boo's own first, then torch._decomp);
+    also the names that have none."""
     table: dict = {}
     missing: set[str] = set()
-    for node in compute_nodes(gm):
-        name = mlir_op_name(node.target)
-        if name not in names or node.target in table:
-            continue
-        own = FALLBACK.get(node.target)
-        found = {node.target: own} if own else get_decompositions([node.target])
+    for name in sorted(names):
+        op = op_for_name(name)
+        found = {}
+        if op is not None:
+            found = {op: FALLBACK[op]} if op in FALLBACK else get_decompositions([op])
         if found:
             table.update(found)
         else:
             missing.add(name)
     return table, missing
+
+
+def preparation_table(gm: fx.GraphModule, decompositions: dict, canonical: dict) -> dict:
+    """Everything one retrace applies: the pre-lowering rewrites where a node needs one, the
+    composites' canonical forms, and the plan's decompositions (which win). make_fx applies
+    the table to the ops that decompositions emit too, so one trace is enough."""
+    table = dict(canonical)
+    if any(n.target in PRE_LOWERING and _is_full_reduction(n) for n in compute_nodes(gm)):
+        table.update(PRE_LOWERING)
+    table.update(decompositions)
+    return table
 
 
 # Ops left to ATen by choice under BOO_ATEN_MATMUL=1, the way Inductor calls extern kernels.

@@ -13,6 +13,7 @@ from boo_backend.cache import CompileCache
 from boo_backend.compile import compile_mlir, parse_target
 from boo_backend.config import Options
 from boo_backend.lower import lower
+from boo_backend.partition import retrace
 from test_composites import ROWS
 
 TARGETS = ["cuda:sm_80", "rocm:gfx942"]
@@ -31,9 +32,10 @@ def _lowered(name, dtype, target="llvm-cpu"):
             full[i] = t
         return op(*full, **kwargs)
 
+    opts = Options.resolve()
     gm = make_fx(fn, tracing_mode="fake")(*tensors)
-    gm, matched = match.apply(gm, tensors, Options.resolve(), parse_target(target).kind)
-    assert matched == 1
+    gm = retrace(gm, tensors, match.canonical_table(opts))
+    assert match.apply(gm, opts, parse_target(target).kind) == 1
     lowered = lower(gm)
     assert f"@boo.{name}." in lowered.mlir
     return lowered.mlir
