@@ -10,7 +10,7 @@ import logging
 
 import torch.fx as fx
 from torch._dynamo.backends.common import aot_autograd
-from torch._functorch.partitioners import min_cut_rematerialization_partition
+from torch._functorch.partitioners import default_partition, min_cut_rematerialization_partition
 
 from . import composites, match
 from .config import Options
@@ -38,5 +38,7 @@ def boo(gm: fx.GraphModule, example_inputs, options: dict | None = None, **kwarg
         bw_compiler=compiler("backward"),
         inference_compiler=compiler("inference"),
         decompositions=match.decompositions(opts),
-        partition_fn=min_cut_rematerialization_partition,
+        partition_fn=(
+            min_cut_rematerialization_partition if opts.partitioner == "mincut" else default_partition
+        ),
     )(gm, example_inputs)

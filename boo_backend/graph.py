@@ -202,6 +202,11 @@ class CompiledGraph:
             self.opts.aten_matmul,
             *(f"{a.dtype}{tuple(a.shape)}" if isinstance(a, torch.Tensor) else repr(a) for a in args),
         )
+        lowered_key = self.cache.key("lowered", plan_key)
+        if self.opts.dump_dir is None:
+            runner = self._from_cache(lowered_key, args, name)
+            if runner is not None:
+                return runner
         cached = self.cache.get_json(plan_key)
         plan = Plan.from_json(cached) if cached else Plan()
         dump = self._dump_dir(name)
@@ -226,11 +231,34 @@ class CompiledGraph:
         names = [mlir_op_name(n.target) for n in ops]
         island = sum(n in plan.island for n in names)
         decomposed = sum(n in plan.decompose and n not in plan.island for n in names)
-        self._record(Placement(
+        placement = Placement(
             name, self.kind, len(ops), len(ops) - island - decomposed - aten, decomposed, island,
             composites, aten, island_ops=tuple(sorted(plan.island)),
-        ))
+        )
+        self._record(placement)
+        if isinstance(runner, IreePart):  # one module, no islands: skip all of this next time
+            extra = {k: v for k, v in dataclasses.asdict(placement).items() if k != "name"}
+            extra["has_module"] = runner.function is not None
+            self.cache.put(lowered_key, runner.lowered.to_bytes(extra))
         return runner
+
+    def _from_cache(self, key: str, args: list, name: str) -> "IreePart | None":
+        """A warm start: the lowered module and its placement, without tracing or importing."""
+        blob = self.cache.get(key)
+        if blob is None:
+            return None
+        try:
+            lowered, extra = Lowered.from_bytes(blob)
+            function = None
+            if extra.pop("has_module"):
+                target = self._target(args)
+                function = IreeFunction(compile_mlir(lowered.mlir, target, self.cache), target)
+            extra["island_ops"] = tuple(extra["island_ops"])
+            self._record(Placement(name=name, **extra))
+            return IreePart(lowered, function)
+        except Exception as e:  # a stale or unreadable entry: build from scratch
+            log.warning("boo: cached lowering for %s is unusable (%s); rebuilding", name, e)
+            return None
 
     def _record(self, placement: Placement) -> None:
         PLACEMENTS.append(placement)

@@ -11,6 +11,7 @@ in Python from an output plan.
 from __future__ import annotations
 
 import dataclasses
+import io
 import re
 
 import torch
@@ -26,7 +27,7 @@ class Lowered:
     """A graph ready for IREE, plus how to map its results back to the graph's outputs."""
 
     mlir: str
-    core: fx.GraphModule
+    core: fx.GraphModule | None  # None when loaded from the cache
     # Per IREE argument: ("arg", index into the graph's inputs) or ("const", tensor).
     inputs: list[tuple]
     # Per graph output: ("arg", i), ("result", j) or ("value", python_value).
@@ -37,6 +38,21 @@ class Lowered:
     tuple_output: bool
     # Composite kernel functions in the module.
     kernels: list[str] = dataclasses.field(default_factory=list)
+
+    _FIELDS = ("mlir", "inputs", "outputs", "result_layouts", "tuple_output", "kernels")
+
+    def to_bytes(self, extra: dict) -> bytes:
+        """Everything but the FX graph, for the compile cache (torch.save, loadable with
+        weights_only=True); `extra` rides along."""
+        buf = io.BytesIO()
+        torch.save({**{f: getattr(self, f) for f in self._FIELDS}, "extra": extra}, buf)
+        return buf.getvalue()
+
+    @classmethod
+    def from_bytes(cls, blob: bytes) -> tuple["Lowered", dict]:
+        data = torch.load(io.BytesIO(blob), weights_only=True)
+        fields = {f: data[f] for f in cls._FIELDS}
+        return cls(core=None, **fields), data["extra"]
 
 
 def _is_tensor_value(node: fx.Node) -> bool:

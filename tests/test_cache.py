@@ -118,3 +118,24 @@ def test_concurrent_writers_leave_a_whole_file(tmp_path):
     payload = CompileCache(tmp_path).get(key)
     assert payload is not None and len(payload) == 3_000_000 and len(set(payload)) == 1
     assert [p.name for p in tmp_path.iterdir()] == [key], "temporary files were left behind"
+
+
+def test_warm_start_skips_tracing_and_import(tmp_path, monkeypatch):
+    """The second build of the same graph loads the lowered module from the cache: no retrace,
+    no torch-mlir import, no compile; the placement is the same."""
+    import boo_backend.graph as graph_mod
+
+    monkeypatch.setenv("BOO_CACHE_DIR", str(tmp_path))
+    x = torch.randn(6, 5)
+    _step(x)
+    first = [p.line().split(":", 1)[1] for p in boo_backend.placements()]
+    boo_backend.reset()
+    torch._dynamo.reset()
+
+    def no_lowering(*a, **k):
+        raise AssertionError("lowered again despite a warm cache")
+
+    monkeypatch.setattr(graph_mod, "lower", no_lowering)
+    assert_close(_step(x), (x.exp() * 3).sum(dim=1), "warm start")
+    assert [p.line().split(":", 1)[1] for p in boo_backend.placements()] == first
+    assert boo_backend.stats().get("iree_compiles", 0) == 0
