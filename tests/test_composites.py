@@ -156,3 +156,16 @@ def test_forced_decomposition_matches_float64(name, monkeypatch, tmp_path):
     check_against_float64(name, torch.float32, (3, 40), row.variants[0], expect_composite=False)
     mlir = "\n".join(p.read_text() for p in tmp_path.rglob("*.mlir"))
     assert f"@boo.{name}." not in mlir and "boo.composite" not in mlir
+
+
+@pytest.mark.parametrize("name", sorted(ROWS))
+def test_dumped_module_names_its_composite(name, monkeypatch, tmp_path):
+    monkeypatch.setenv("BOO_DUMP_DIR", str(tmp_path))
+    row = ROWS[name]
+    check_against_float64(name, torch.float32, (3, 40), row.variants[0])
+    (mlir,) = [p.read_text() for p in tmp_path.rglob("*.mlir")]
+    entry = composites.by_name(name)
+    assert f"func.func private @boo.{name}.v{entry.version}." in mlir
+    assert f'boo.composite = "{name}"' in mlir and f"boo.version = {entry.version} : i64" in mlir
+    expected = {"gelu": "approximate", "native_layer_norm": "eps", "native_layer_norm_backward": "output_mask"}
+    assert f"{expected.get(name, 'approximate')} = " in mlir.split("boo.params = {", 1)[1].split("}", 1)[0]
