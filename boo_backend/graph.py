@@ -157,7 +157,8 @@ class IreePart(torch.nn.Module):
             tensors = [args[v] if k == "arg" else v for k, v in low.inputs]
             results = self.function(tensors, len(low.result_layouts))
             for j, shape, stride in self.restride:
-                results[j] = torch.empty_strided(shape, stride, dtype=results[j].dtype).copy_(results[j])
+                r = results[j]
+                results[j] = torch.empty_strided(shape, stride, dtype=r.dtype, device=r.device).copy_(r)
         outs = [args[v] if k == "arg" else results[v] if k == "result" else v for k, v in low.outputs]
         return tuple(outs) if low.tuple_output else outs[0]
 
@@ -183,7 +184,9 @@ class CompiledGraph:
         key = self._key(args) if self.symbolic else None
         runner = self._runners.get(key)
         if runner is None:
-            runner = self._runners[key] = self._build(list(args), len(self._runners))
+            runner = self._build(list(args), len(self._runners))
+            # IreePart's forward directly: nn.Module's call hooks cost per step for nothing.
+            runner = self._runners[key] = runner.forward if isinstance(runner, IreePart) else runner
         return runner(*args)
 
     # -- building -------------------------------------------------------------------------
