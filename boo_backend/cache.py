@@ -33,6 +33,26 @@ STATS: collections.Counter = collections.Counter()
 _MEMORY: dict[str, bytes] = {}
 
 
+def _source_digest() -> str:
+    """boo's own code and kernel templates: a cached lowering is only as good as the code
+    that made it, and the package version does not move with every change."""
+    import importlib.resources
+
+    h = hashlib.sha256()
+    roots = [importlib.resources.files("boo_backend"), importlib.resources.files("boo_backend.kernels")]
+    for root in roots:
+        for entry in sorted(root.iterdir(), key=lambda e: e.name):
+            if entry.name.endswith((".py", ".mlir")):
+                h.update(entry.name.encode())
+                h.update(entry.read_bytes())
+        composites = root / "composites"
+        if composites.is_dir():
+            for entry in sorted(composites.iterdir(), key=lambda e: e.name):
+                if entry.name.endswith(".py"):
+                    h.update(entry.read_bytes())
+    return h.hexdigest()[:16]
+
+
 @functools.cache
 def tool_versions() -> str:
     """Versions that change what a compile produces, plus the host CPU it targets."""
@@ -42,6 +62,7 @@ def tool_versions() -> str:
             parts.append(f"{dist}={importlib.metadata.version(dist)}")
         except importlib.metadata.PackageNotFoundError:
             parts.append(f"{dist}=?")
+    parts.append(f"boo-source={_source_digest()}")
     parts.append(f"machine={platform.machine()}")
     try:
         with open("/proc/cpuinfo") as f:

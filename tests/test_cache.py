@@ -92,6 +92,7 @@ def test_cache_off_compiles_every_time(tmp_path, monkeypatch):
 def test_key_covers_text_flags_and_versions(monkeypatch):
     import boo_backend.cache as cache_mod
 
+    assert "boo-source=" in cache_mod.tool_versions()  # boo's own code and templates count too
     base = CompileCache.key("vmfb", "module", "--flag-a")
     assert CompileCache.key("vmfb", "module2", "--flag-a") != base
     assert CompileCache.key("vmfb", "module", "--flag-b") != base
