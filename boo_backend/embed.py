@@ -20,6 +20,7 @@ from torch_mlir.dialects import func as func_d
 from . import composites, templates
 from .config import BooError
 
+# The FX node meta key match.py sets on nodes a composite computes.
 META_KEY = "boo_composite"
 
 _ELEMENT = {

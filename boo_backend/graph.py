@@ -17,7 +17,8 @@ from . import match
 from .cache import CompileCache
 from .compile import BooCompileError, Target, compile_flags, compile_mlir, parse_target, target_for_device
 from .config import BooError, BooFallbackWarning, BooStrictError, Options
-from .lower import Lowered, lower, mlir_op_name, unregistered_ops
+from .embed import mlir_op_name
+from .lower import Lowered, lower, unregistered_ops
 from .partition import (
     ATEN_MATMUL, Plan, compute_nodes, decomposition_table, is_symbolic, node_places,
     preparation_table, retrace, split_islands,

@@ -19,7 +19,7 @@ import torch.fx as fx
 from torch_mlir import fx as tm_fx
 
 from .config import BooError
-from .embed import embed, mlir_op_name
+from .embed import embed
 
 
 @dataclasses.dataclass

@@ -1,6 +1,6 @@
 """Step 1 of a graph's journey: mark ATen nodes that a composite kernel will compute.
 
-Imports the composite registry (a leaf) and partition (for retracing).
+Imports the composite registry (a leaf), decompositions and embed (for the meta key).
 
 A matched node stays an ATen node in the FX graph, carrying `node.meta["boo_composite"]`;
 lower.py swaps it for a call to the rendered kernel after torch-mlir imports the graph.
@@ -14,16 +14,15 @@ import dataclasses
 import logging
 import operator
 
-import torch
 import torch.fx as fx
 
 from . import composites
 from .config import Options
 from .decompositions import AOT
+from .embed import META_KEY
 
 log = logging.getLogger("boo_backend")
 
-META_KEY = "boo_composite"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,8 +107,3 @@ def decompositions(opts: Options) -> dict:
     for op in composites.enabled(opts.force_decompose):
         table.pop(op, None)
     return table
-
-
-def is_composite(node: fx.Node) -> bool:
-    return META_KEY in node.meta
-

@@ -1,6 +1,6 @@
 """Decide where each node of a graph runs, and reshape the graph to match.
 
-Imports lower (for op names) from boo_backend; nothing from compile or runtime.
+Imports embed (for op names) and decompositions; nothing from compile or runtime.
 
 Fallback order for a node that the composites did not take:
   1. torch-mlir's own lowering (inside IREE's torch input pipeline);
@@ -22,7 +22,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from torch.fx.passes.split_module import split_module
 
 from .decompositions import FALLBACK, PRE_LOWERING, is_full_reduction
-from .lower import mlir_op_name
+from .embed import mlir_op_name
 
 
 @dataclasses.dataclass
