@@ -58,6 +58,7 @@ def parse_target(spec: str) -> Target:
                 # Without it, float reductions keep strict order: scalar code and a long
                 # rounding chain. Eager PyTorch reassociates too.
                 "--iree-llvmcpu-reassociate-fp-reductions",
+                "--iree-input-demote-f64-to-f32=false",
                 f"--iree-llvmcpu-embedded-linker-path={find_tool('iree-lld')}",
             ),
             "local-task",
