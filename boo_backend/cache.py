@@ -73,12 +73,46 @@ def tool_versions() -> str:
     return ";".join(parts)
 
 
+@functools.cache
+def private_directory(directory: Path) -> bool:
+    """Whether `directory` is safe to keep executable code in: made here private to the user
+    (0700), or already there, owned by the user and writable by nobody else. Anything else is
+    refused once per process with a warning: another user could plant a module we would run."""
+    try:
+        directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        st = directory.stat()
+    except OSError as e:
+        log.warning("boo cache: cannot create %s (%s); the compile cache is off", directory, e)
+        return False
+    if hasattr(os, "getuid") and st.st_uid != os.getuid():
+        log.warning(
+            "boo cache: %s belongs to another user (uid %d); the compile cache is off for this "
+            "process. Set BOO_CACHE_DIR to a directory of your own", directory, st.st_uid,
+        )
+        return False
+    if st.st_mode & 0o022:
+        log.warning(
+            "boo cache: %s is writable by other users (mode %o); the compile cache is off for "
+            "this process. Run chmod 700 on it or set BOO_CACHE_DIR to a private directory",
+            directory, st.st_mode & 0o777,
+        )
+        return False
+    if st.st_mode & 0o077:
+        try:  # ours, made by an older boo as 0755: keep what we write private from now on
+            directory.chmod(0o700)
+        except OSError:
+            pass
+    return True
+
+
 class CompileCache:
-    """Keyed blobs. `enabled=False` turns off both the memory and the disk layer."""
+    """Keyed blobs. `enabled=False` turns off both the memory and the disk layer; the disk
+    layer is also off when the directory is not private (see private_directory)."""
 
     def __init__(self, directory: Path, enabled: bool = True):
-        self.directory = Path(directory)
+        self.directory = Path(directory).expanduser().absolute()
         self.enabled = enabled
+        self.disk = enabled and private_directory(self.directory)
         self.stats = STATS
 
     @staticmethod
@@ -99,6 +133,8 @@ class CompileCache:
         if blob is not None:
             self.stats["cache_hits_memory"] += 1
             return blob
+        if not self.disk:
+            return None
         path = self._path(key)
         try:
             data = path.read_bytes()
@@ -128,20 +164,10 @@ class CompileCache:
         if not self.enabled:
             return
         _MEMORY[key] = payload
+        if not self.disk:
+            return
         try:
-            self.directory.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=self.directory, prefix=".tmp-", suffix="-" + key)
-            try:
-                with os.fdopen(fd, "wb") as f:
-                    f.write(_MAGIC)
-                    f.write(hashlib.sha256(payload).digest())
-                    f.write(payload)
-                    f.flush()
-                    os.fsync(f.fileno())
-                os.replace(tmp, self._path(key))
-            except BaseException:
-                os.unlink(tmp)
-                raise
+            write_atomic(self._path(key), _MAGIC + hashlib.sha256(payload).digest() + payload, sync=True)
         except OSError as e:
             log.warning("boo cache: cannot write to %s (%s); continuing without it", self.directory, e)
 
@@ -151,6 +177,24 @@ class CompileCache:
 
     def put_json(self, key: str, value) -> None:
         self.put(key, json.dumps(value, sort_keys=True).encode())
+
+
+def write_atomic(path: Path, data: bytes | str, sync: bool = False) -> None:
+    """Write `data` to a temporary file beside `path`, then rename it into place: a reader
+    (or a crash) never sees half a file."""
+    if isinstance(data, str):
+        data = data.encode()
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix="-" + path.name)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            if sync:
+                f.flush()
+                os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
 
 
 def clear_memory() -> None:

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import re
+import signal
 import subprocess
 
 from iree.compiler.tools.binaries import find_tool
@@ -130,31 +132,74 @@ def compile_flags(target: Target, optional: bool = True) -> list[str]:
     return ["--iree-input-type=torch", *target.flags, *(target.optional_flags if optional else ())]
 
 
-def _run_compiler(mlir: str, flags: list[str], cache: CompileCache) -> bytes:
+class BooCompileTimeout(BooError):
+    """iree-compile did not finish within the time limit (BOO_COMPILE_TIMEOUT)."""
+
+    def __init__(self, limit: float, remembered: bool = False):
+        self.limit = limit
+        when = "an earlier run found that " if remembered else ""
+        super().__init__(
+            f"{when}iree-compile did not finish within {limit:g} s; raise BOO_COMPILE_TIMEOUT "
+            "(options key compile_timeout; 0 means no limit) to wait longer, or file the module "
+            "that BOO_DUMP_DIR writes"
+        )
+
+
+def _run_compiler(mlir: str, flags: list[str], cache: CompileCache, timeout: float) -> bytes:
+    """One iree-compile process. Past `timeout` seconds (0: no limit) its whole process group
+    is killed, so a compiler that loops never hangs the caller."""
     cmd = [find_tool("iree-compile"), "-", *flags, "--mlir-print-op-on-diagnostic=false", "-o", "-"]
     cache.stats["iree_compiles"] += 1
-    proc = subprocess.run(cmd, input=mlir.encode(), capture_output=True, check=False)
-    if proc.returncode != 0 or not proc.stdout:
-        raise BooCompileError(mlir, flags, proc.stderr.decode(errors="replace"))
-    return proc.stdout
+    proc = subprocess.Popen(
+        cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
+    try:
+        out, err = proc.communicate(mlir.encode(), timeout=timeout or None)
+    except subprocess.TimeoutExpired:
+        _kill_group(proc)
+        raise BooCompileTimeout(timeout) from None
+    except BaseException:  # KeyboardInterrupt included: never leave a compiler behind
+        _kill_group(proc)
+        raise
+    if proc.returncode != 0 or not out:
+        raise BooCompileError(mlir, flags, err.decode(errors="replace"))
+    return out
 
 
-def compile_mlir(mlir: str, target: Target, cache: CompileCache) -> bytes:
+def _kill_group(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        proc.kill()
+    proc.communicate()
+
+
+def compile_mlir(mlir: str, target: Target, cache: CompileCache, timeout: float = 0) -> bytes:
     """Compile `mlir` (torch dialect text) to a vmfb, through the cache. The key names the
     full flag set even when the module needed the conservative one, so a warm cache never
-    retries the failing compile."""
+    retries the failing compile. A compile that ran out of time is remembered with its limit,
+    so later processes with the same or a shorter limit fail at once."""
     flags = compile_flags(target)
     key = cache.key("vmfb", mlir, *flags, target.name)
     blob = cache.get(key)
     if blob is not None:
         return blob
+    timed_out = cache.key("timeout", key)
+    earlier = cache.get_json(timed_out)
+    if earlier is not None and timeout and timeout <= earlier["limit"]:
+        raise BooCompileTimeout(timeout, remembered=True)
     try:
-        blob = _run_compiler(mlir, flags, cache)
-    except BooCompileError as e:
-        if not target.optional_flags:
-            raise
-        log.debug("boo: iree-compile failed with %s; retrying without them:\n%s",
-                  " ".join(target.optional_flags), e.diagnostics[:2000])
-        blob = _run_compiler(mlir, compile_flags(target, optional=False), cache)
+        try:
+            blob = _run_compiler(mlir, flags, cache, timeout)
+        except BooCompileError as e:
+            if not target.optional_flags:
+                raise
+            log.debug("boo: iree-compile failed with %s; retrying without them:\n%s",
+                      " ".join(target.optional_flags), e.diagnostics[:2000])
+            blob = _run_compiler(mlir, compile_flags(target, optional=False), cache, timeout)
+    except BooCompileTimeout:
+        cache.put_json(timed_out, {"limit": timeout})
+        raise
     cache.put(key, blob)
     return blob

@@ -14,6 +14,7 @@ Every control has one environment variable and one options key of the same meani
 | BOO_TARGET           | target              | IREE target: llvm-cpu, cuda:sm_80, rocm:gfx942, ...  |
 | BOO_ATEN_MATMUL      | aten_matmul         | "1": mm/addmm/bmm/convolution run as ATen kernels    |
 | BOO_PARTITIONER      | partitioner         | AOTAutograd's split: "mincut" (default) or "default" |
+| BOO_COMPILE_TIMEOUT  | compile_timeout     | seconds one iree-compile may take (0: no limit)      |
 """
 
 from __future__ import annotations
@@ -72,6 +73,9 @@ class Options:
     # backward instead of saving them (measured faster on the LayerNorm+GELU and MLP steps,
     # slower on the transformer layer); "default" saves what the forward computed.
     partitioner: str = "mincut"
+    # Seconds one iree-compile call may run before it is killed and the graph runs in eager
+    # PyTorch; 0 means no limit. Real graphs compile in seconds; a compiler loop never ends.
+    compile_timeout: float = 180.0
 
     _ENV = {
         "strict": "BOO_STRICT",
@@ -82,6 +86,7 @@ class Options:
         "target": "BOO_TARGET",
         "aten_matmul": "BOO_ATEN_MATMUL",
         "partitioner": "BOO_PARTITIONER",
+        "compile_timeout": "BOO_COMPILE_TIMEOUT",
     }
 
     @classmethod
@@ -119,6 +124,15 @@ class Options:
             if value not in ("mincut", "default"):
                 raise BooError(f"partitioner={value!r}; use mincut or default")
             kwargs["partitioner"] = value
+        if raw.get("compile_timeout") not in (None, ""):
+            try:
+                kwargs["compile_timeout"] = float(raw["compile_timeout"])
+            except (TypeError, ValueError):
+                kwargs["compile_timeout"] = -1.0
+            if not kwargs["compile_timeout"] >= 0:
+                raise BooError(
+                    f"compile_timeout={raw['compile_timeout']!r}; use a number of seconds (0: no limit)"
+                )
         if raw.get("target"):
             kwargs["target"] = str(raw["target"]).strip()
         return cls(**kwargs)

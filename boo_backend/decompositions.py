@@ -9,6 +9,9 @@
 
 from __future__ import annotations
 
+import math
+import threading
+
 import torch
 
 aten = torch.ops.aten
@@ -96,12 +99,78 @@ def _two_stage_reduction(op):
     return rewrite
 
 
+def _over_a_vector(op, tensors: int):
+    """`op` (softmax family: `tensors` tensor arguments, then dim) on 0-d tensors, computed on
+    one-element vectors. IREE 3.13 never finishes compiling a softmax over a 0-d tensor."""
+
+    def rewrite(*args):
+        if args[0].dim() != 0:
+            return NotImplemented
+        vectors = [aten.reshape.default(t, [1]) for t in args[:tensors]]
+        return aten.reshape.default(op(*vectors, 0, *args[tensors + 1:]), [])
+
+    return rewrite
+
+
+_NESTED = threading.local()
+
+
+def _negative(t):
+    """t < 0, counting -0.0 (whose reciprocal is -inf)."""
+    return aten.logical_or.default(
+        aten.lt.Scalar(t, 0), aten.logical_and.default(aten.eq.Scalar(t, 0), aten.lt.Scalar(aten.reciprocal.default(t), 0))
+    )
+
+
+def _atan2(y, x):
+    """atan2 from its y >= 0 half: IREE 3.13's f32 approximation gets signs wrong (atan2(-1,
+    -inf) gives +pi) and returns NaN for atan2(±0, ±0) and atan2(±inf, ±inf)."""
+    if getattr(_NESTED, "atan2", False):
+        return NotImplemented
+    dtype = torch.result_type(y, x)
+    if not dtype.is_floating_point:
+        dtype = torch.get_default_dtype()
+    if dtype == torch.float64:  # computed exactly (by an island: IREE's CPU target has no f64 atan2)
+        return NotImplemented
+    y, x = y.to(dtype), x.to(dtype)
+    _NESTED.atan2 = True
+    try:
+        r = aten.atan2.default(aten.abs.default(y), x)
+    finally:
+        _NESTED.atan2 = False
+    x_neg = _negative(x)
+    zero = aten.logical_and.default(aten.eq.Scalar(y, 0), aten.eq.Scalar(x, 0))
+    both_inf = aten.logical_and.default(aten.isinf.default(y), aten.isinf.default(x))
+    pi = math.pi
+    special = aten.where.self(zero, aten.mul.Tensor(x_neg, pi), aten.add.Tensor(aten.mul.Tensor(x_neg, pi / 2), pi / 4))
+    r = aten.where.self(aten.logical_or.default(zero, both_inf), special.to(dtype), r)
+    return aten.where.self(_negative(y), aten.neg.default(r), r)
+
+
 PRE_LOWERING = {
+    aten.atan2.default: _atan2,
     aten.sum.dim_IntList: _two_stage_reduction(aten.sum.dim_IntList),
     aten.sum.default: _two_stage_reduction(aten.sum.dim_IntList),
     aten.mean.dim: _two_stage_reduction(aten.mean.dim),
     aten.mean.default: _two_stage_reduction(aten.mean.dim),
+    aten._softmax.default: _over_a_vector(aten._softmax.default, 1),
+    aten._log_softmax.default: _over_a_vector(aten._log_softmax.default, 1),
+    aten._softmax_backward_data.default: _over_a_vector(aten._softmax_backward_data.default, 2),
+    aten._log_softmax_backward_data.default: _over_a_vector(aten._log_softmax_backward_data.default, 2),
 }
+
+
+def needs_pre_lowering(op, args: tuple) -> bool:
+    """Whether the PRE_LOWERING entry of `op` rewrites a call with these arguments (tensor
+    values); make_fx only applies the table when some node needs it."""
+    if op not in PRE_LOWERING or not args or not isinstance(args[0], torch.Tensor):
+        return False
+    x = args[0]
+    if op is aten.atan2.default:
+        return True
+    if op.__name__.startswith(("sum", "mean")):
+        return is_full_reduction(x, args[1] if len(args) > 1 else None)
+    return x.dim() == 0
 
 
 def is_full_reduction(x, dims) -> bool:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import operator
 import re
 import warnings
 
@@ -14,7 +15,7 @@ import torch
 import torch.fx as fx
 
 from . import match
-from .cache import CompileCache
+from .cache import CompileCache, write_atomic
 from .compile import BooCompileError, Target, compile_flags, compile_mlir, parse_target, target_for_device
 from .config import BooError, BooFallbackWarning, BooStrictError, Options
 from .embed import mlir_op_name
@@ -62,15 +63,44 @@ class Placement:
 
 
 class _Unlowerable(Exception):
-    """The compiler rejected these torch-mlir op names."""
+    """The compiler rejected these torch-mlir op names. `final`: a decomposition would not
+    help (the target lacks a math function the op needs), so they go straight to islands."""
 
-    def __init__(self, names: set[str]):
+    def __init__(self, names: set[str], final: bool = False):
         super().__init__(", ".join(sorted(names)))
         self.names = names
+        self.final = final
 
 
 _OP_LINE = re.compile(r"^\s*(?P<results>%[\w, %]+?)\s*=\s*(?P<op>torch\.[\w.]+)")
 _ATEN = re.compile(r"^torch\.(aten|prims)\.")
+
+
+def _unlinked_ops(err: BooCompileError, lines: list[str]) -> set[str]:
+    """A link error ("undefined symbol: sin") comes from a math function the CPU runtime lacks
+    (IREE has no f64 `sin`, `exp`, ...). It points at the root op of the dispatch, so look at
+    that op and its producers: those named after the symbol, else those computing in f64."""
+    symbols = set(re.findall(r"undefined symbol: (\w+)", err.diagnostics))
+    if not symbols:
+        return set()
+    defs = {v: i for i, line in enumerate(lines) if (m := _OP_LINE.match(line))
+            for v in re.findall(r"%[\w]+", m.group("results"))}
+    todo = [n - 1 for n in err.failing_lines() if 0 < n <= len(lines)]
+    ops: dict[str, str] = {}
+    seen: set[int] = set()
+    while todo:
+        i = todo.pop()
+        if i in seen:
+            continue
+        seen.add(i)
+        m = _OP_LINE.match(lines[i])
+        if m and _ATEN.match(m.group("op")):
+            ops[m.group("op")] = lines[i]
+        operands = lines[i].split("=", 1)[-1].split(":", 1)[0]
+        todo.extend(defs[v] for v in re.findall(r"%[\w]+", operands) if v in defs)
+    stems = {sym.rstrip("f") for sym in symbols}
+    named = {op for op in ops if any(stem in op.split(".")[2] for stem in stems)}
+    return named or {op for op, line in ops.items() if "f64" in line}
 
 
 def _failing_ops(err: BooCompileError) -> set[str]:
@@ -137,6 +167,32 @@ def _contiguous_stride(shape) -> tuple[int, ...]:
     return tuple(reversed(stride))
 
 
+def _is_row_major(shape, stride) -> bool:
+    """Whether a tensor of this layout reads like IREE's dense result (size-1 dims' strides
+    and empty tensors do not matter)."""
+    if 0 in shape:
+        return True
+    return all(n == 1 or a == b for n, a, b in zip(shape, stride, _contiguous_stride(shape)))
+
+
+def _restrided(r: torch.Tensor, shape, stride) -> torch.Tensor:
+    """IREE's dense result `r` in the layout eager gives it. Stride-0 dims (an `expand`ed
+    result) keep one copy of the data and are expanded as a view, as in eager."""
+    kept = [n if st or n == 1 else 1 for n, st in zip(shape, stride)]
+    compact = r[tuple(slice(0, k) for k in kept)]
+    out = torch.empty_strided(kept, stride, dtype=r.dtype, device=r.device).copy_(compact)
+    return out if kept == list(shape) else out.as_strided(shape, stride)
+
+
+def _first_error(e: Exception) -> str:
+    """One line for a warning: the compiler's first error, or the exception's first line."""
+    if isinstance(e, BooCompileError):
+        line = next((ln for ln in e.diagnostics.splitlines() if "error" in ln), "").strip()
+        return f"iree-compile: {line or 'failed'}"
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {text[0] if text else ''}"
+
+
 class IreePart(torch.nn.Module):
     """A lowered graph with its compiled module: maps graph inputs to IREE and back.
     A Module, so that it can stand in for a submodule of a graph split around islands."""
@@ -148,7 +204,7 @@ class IreePart(torch.nn.Module):
         # Results whose eager strides are not the dense row-major ones IREE produces.
         self.restride = [
             (j, shape, stride) for j, (shape, stride) in enumerate(lowered.result_layouts)
-            if len(shape) > 1 and stride != _contiguous_stride(shape) and all(s > 0 for s in shape)
+            if not _is_row_major(shape, stride)
         ]
 
     def forward(self, *args):
@@ -158,8 +214,7 @@ class IreePart(torch.nn.Module):
             tensors = [args[v] if k == "arg" else v for k, v in low.inputs]
             results = self.function(tensors, len(low.result_layouts))
             for j, shape, stride in self.restride:
-                r = results[j]
-                results[j] = torch.empty_strided(shape, stride, dtype=r.dtype, device=r.device).copy_(r)
+                results[j] = _restrided(results[j], shape, stride)
         outs = [args[v] if k == "arg" else results[v] if k == "result" else v for k, v in low.outputs]
         return tuple(outs) if low.tuple_output else outs[0]
 
@@ -204,7 +259,7 @@ class CompiledGraph:
         plan_key = self.cache.key(
             "plan", str(self.gm.graph), *compile_flags(self._target(args)), self.opts.force_decompose,
             self.opts.aten_matmul,
-            *(f"{a.dtype}{tuple(a.shape)}" if isinstance(a, torch.Tensor) else repr(a) for a in args),
+            *(f"{a.dtype}{tuple(a.shape)}{a.stride()}" if isinstance(a, torch.Tensor) else repr(a) for a in args),
         )
         lowered_key = self.cache.key("lowered", plan_key)
         if self.opts.dump_dir is None:
@@ -215,26 +270,28 @@ class CompiledGraph:
         plan = Plan.from_json(cached) if cached else Plan()
         dump = self._dump_dir(name)
         try:
-            runner, composites, aten = self._assemble_until_placed(args, plan, dump)
+            runner, composites, aten, island = self._assemble_until_placed(args, plan, dump)
         except BooStrictError:
             raise
         except Exception as e:  # anything the compiler stack throws that we cannot attribute
+            what = f"{self.kind} graph {name} failed to compile: {_first_error(e)}"
             if self.opts.strict:
-                raise BooStrictError(f"boo strict: {self.kind} graph {name} failed to compile: {e}") from e
-            warnings.warn(
-                f"boo: {self.kind} graph {name} failed to compile ({type(e).__name__}: {e}); "
-                "running the whole graph in eager PyTorch",
-                BooFallbackWarning,
-                stacklevel=2,
-            )
+                raise BooStrictError(
+                    f"boo strict: {what}. Unset BOO_STRICT to run this graph in eager PyTorch, "
+                    "or file the module that BOO_DUMP_DIR writes"
+                ) from e
+            warnings.warn(f"boo: {what}; running the whole graph in eager PyTorch",
+                          BooFallbackWarning, stacklevel=2)
             placement = Placement(name, self.kind, len(ops), 0, 0, len(ops), recovered=True)
             self._record(placement)
             return self.gm
         self.cache.put_json(plan_key, plan.to_json())
         self._report_islands(plan, name)
         names = [mlir_op_name(n.target) for n in ops]
-        island = sum(n in plan.island for n in names)
+        # Islands are counted in the graph as run (an op may be islanded after decomposing).
+        island = min(island, len(ops))
         decomposed = sum(n in plan.decompose and n not in plan.island for n in names)
+        decomposed = min(decomposed, len(ops) - island - aten)
         placement = Placement(
             name, self.kind, len(ops), len(ops) - island - decomposed - aten, decomposed, island,
             composites, aten, island_ops=tuple(sorted(plan.island)),
@@ -256,7 +313,8 @@ class CompiledGraph:
             function = None
             if extra.pop("has_module"):
                 target = self._target(args)
-                function = IreeFunction(compile_mlir(lowered.mlir, target, self.cache), target)
+                vmfb = compile_mlir(lowered.mlir, target, self.cache, self.opts.compile_timeout)
+                function = IreeFunction(vmfb, target, graph=name, writes=frozenset(lowered.writes))
             extra["island_ops"] = tuple(extra["island_ops"])
             self._record(Placement(name=name, **extra))
             return IreePart(lowered, function)
@@ -284,7 +342,7 @@ class CompiledGraph:
             except _Unlowerable as e:
                 changed = False
                 for op in sorted(e.names):
-                    if op not in plan.decompose:
+                    if op not in plan.decompose and not e.final:
                         plan.decompose.add(op)
                         log.debug("boo: torch-mlir cannot lower %s; trying its decomposition", op)
                         changed = True
@@ -326,35 +384,38 @@ class CompiledGraph:
         target = self._target(args)
         composites = match.apply(graph, self.opts, target.kind)
         if dump:
-            (dump / "graph.txt").write_text(_describe(graph))
+            write_atomic(dump / "graph.txt", _describe(graph))
         places = node_places(graph, plan, ATEN_MATMUL if self.opts.aten_matmul else frozenset())
         aten = sum(p == "aten" and n.target in ATEN_MATMUL for n, p in places.items())
+        island = sum(p == "eager" and n.target is not operator.getitem for n, p in places.items())
         if set(places.values()) <= {"iree"}:
-            return self._compile_part(graph, target, dump, "module"), composites, aten
+            return self._compile_part(graph, target, dump, "module"), composites, aten, 0
         outer, place_of_part = split_islands(graph, places)
         for sub, place in place_of_part.items():
             if place == "iree":
                 setattr(outer, sub, self._compile_part(getattr(outer, sub), target, dump, sub))
-        return outer, composites, aten
+        return outer, composites, aten, island
 
     def _compile_part(self, graph: fx.GraphModule, target: Target, dump, part: str) -> IreePart:
         lowered = lower(graph)
         if dump:
-            (dump / f"{part}.mlir").write_text(lowered.mlir)
-            (dump / f"{part}.flags").write_text("\n".join(compile_flags(target)) + "\n")
+            write_atomic(dump / f"{part}.mlir", lowered.mlir)
+            write_atomic(dump / f"{part}.flags", "\n".join(compile_flags(target)) + "\n")
         if not compute_nodes(lowered.core):
             return IreePart(lowered, None)
         bad = unregistered_ops(lowered.mlir)
         if bad:
             raise _Unlowerable(set(bad))
         try:
-            vmfb = compile_mlir(lowered.mlir, target, self.cache)
+            vmfb = compile_mlir(lowered.mlir, target, self.cache, self.opts.compile_timeout)
         except BooCompileError as e:
-            names = _failing_ops(e)
+            unlinked = _unlinked_ops(e, e.mlir.splitlines())
+            names = unlinked or _failing_ops(e)
             log.debug("boo: iree-compile rejected %s in %s:\n%s", names or "?", self.name, e.diagnostics)
             if names:
-                raise _Unlowerable(names) from e
+                raise _Unlowerable(names, final=bool(unlinked)) from e
             raise
         if dump:
-            (dump / f"{part}.vmfb").write_bytes(vmfb)
-        return IreePart(lowered, IreeFunction(vmfb, target))
+            write_atomic(dump / f"{part}.vmfb", vmfb)
+        function = IreeFunction(vmfb, target, graph=f"{self.name}/{part}", writes=frozenset(lowered.writes))
+        return IreePart(lowered, function)

@@ -38,8 +38,10 @@ class Lowered:
     tuple_output: bool
     # Composite kernel functions in the module.
     kernels: list[str] = dataclasses.field(default_factory=list)
+    # IREE arguments that an in-place kernel may write into (see written_inputs).
+    writes: tuple[int, ...] = ()
 
-    _FIELDS = ("mlir", "inputs", "outputs", "result_layouts", "tuple_output", "kernels")
+    _FIELDS = ("mlir", "inputs", "outputs", "result_layouts", "tuple_output", "kernels", "writes")
 
     def to_bytes(self, extra: dict) -> bytes:
         """Everything but the FX graph, for the compile cache (torch.save, loadable with
@@ -122,6 +124,47 @@ def build_core(gm: fx.GraphModule) -> tuple[fx.GraphModule, list, list, list, bo
     return core, inputs, outputs, result_layouts, tuple_output
 
 
+aten = torch.ops.aten
+
+# Ops that torch-mlir lowers to kernels updating a tensor in place (TMTensor sort, topk,
+# scatter, scan). Given a function argument, IREE 3.13 writes into the caller's buffer.
+_IN_PLACE = frozenset({
+    aten.sort.default, aten.sort.stable, aten.topk.default, aten.kthvalue.default,
+    aten.scatter.src, aten.scatter.value, aten.scatter.reduce, aten.scatter.value_reduce,
+    aten.scatter_add.default, aten.scatter_reduce.two, aten.index_put.default,
+    aten._index_put_impl.default, aten.index_add.default, aten.index_copy.default,
+    aten.masked_scatter.default, aten.cumsum.default, aten.cumprod.default,
+})
+# Ops whose result may share the argument's buffer once IREE elides the copy.
+_PASS_THROUGH = frozenset({
+    aten.clone.default, aten._to_copy.default, aten.alias.default, aten.copy.default,
+    aten.lift_fresh_copy.default,
+})
+
+
+def written_inputs(core: fx.GraphModule) -> tuple[int, ...]:
+    """Positions of `core`'s inputs that reach an in-place kernel through views and copies.
+    The runtime passes those as copies (and checks the rest on the first call)."""
+    found = []
+    for i, node in enumerate(n for n in core.graph.nodes if n.op == "placeholder"):
+        todo, seen = [node], set()
+        while todo:
+            n = todo.pop()
+            if n in seen:
+                continue
+            seen.add(n)
+            for user in n.users:
+                if user.op != "call_function":
+                    continue
+                if user.target in _IN_PLACE:
+                    found.append(i)
+                    todo = []
+                    break
+                if user.target in _PASS_THROUGH or getattr(user.target, "is_view", False):
+                    todo.append(user)
+    return tuple(found)
+
+
 _OPERATOR = re.compile(r'torch\.operator "(torch\.[\w.]+)"')
 
 
@@ -141,4 +184,4 @@ def import_core(core: fx.GraphModule) -> tuple[str, list[str]]:
 def lower(gm: fx.GraphModule) -> Lowered:
     core, inputs, outputs, layouts, tuple_output = build_core(gm)
     text, kernels = import_core(core)
-    return Lowered(text, core, inputs, outputs, layouts, tuple_output, kernels)
+    return Lowered(text, core, inputs, outputs, layouts, tuple_output, kernels, written_inputs(core))

@@ -21,7 +21,7 @@ from torch._decomp import get_decompositions
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.fx.passes.split_module import split_module
 
-from .decompositions import FALLBACK, PRE_LOWERING, is_full_reduction
+from .decompositions import FALLBACK, PRE_LOWERING, needs_pre_lowering
 from .embed import mlir_op_name
 
 
@@ -75,10 +75,11 @@ def retrace(gm: fx.GraphModule, args: list, decompositions: dict | None = None) 
     return traced
 
 
-def _is_full_reduction(node: fx.Node) -> bool:
-    x = node.args[0].meta.get("val") if isinstance(node.args[0], fx.Node) else None
-    dims = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim")
-    return is_full_reduction(x, dims)
+def _values(node: fx.Node) -> tuple:
+    args = [a.meta.get("val") if isinstance(a, fx.Node) else a for a in node.args]
+    if len(args) < 2 and "dim" in node.kwargs:
+        args.append(node.kwargs["dim"])
+    return tuple(args)
 
 
 def op_for_name(name: str):
@@ -112,7 +113,7 @@ def preparation_table(gm: fx.GraphModule, decompositions: dict, canonical: dict)
     composites' canonical forms, and the plan's decompositions (which win). make_fx applies
     the table to the ops that decompositions emit too, so one trace is enough."""
     table = dict(canonical)
-    if any(n.target in PRE_LOWERING and _is_full_reduction(n) for n in compute_nodes(gm)):
+    if any(needs_pre_lowering(n.target, _values(n)) for n in compute_nodes(gm)):
         table.update(PRE_LOWERING)
     table.update(decompositions)
     return table

@@ -1,12 +1,13 @@
 """Run compiled IREE modules on torch tensors, passing buffers both ways through DLPack.
 
-Imports only compile (for Target) from boo_backend.
+Imports only compile (for Target) and config from boo_backend.
 """
 
 from __future__ import annotations
 
 import bisect
 import functools
+import logging
 import threading
 
 import iree.runtime as rt
@@ -14,6 +15,9 @@ import torch
 from torch.utils.dlpack import to_dlpack
 
 from .compile import Target
+from .config import BooError
+
+log = logging.getLogger("boo_backend")
 
 # Modules live in graphs that Dynamo keeps until the interpreter exits; nanobind's exit-time
 # report of those live objects is noise, not a leak.
@@ -33,40 +37,104 @@ def _device(driver: str) -> rt.HalDevice:
     return rt.get_device(driver)
 
 
-def _importable(t: torch.Tensor) -> torch.Tensor:
-    """`t` itself when IREE can import its memory, else a dense, aligned copy."""
-    if t.is_contiguous() and (t.numel() == 0 or t.data_ptr() % _ALIGN == 0):
+class BooRuntimeError(BooError):
+    """IREE failed while running a compiled graph."""
+
+
+def _importable(t: torch.Tensor, copy: bool = False) -> torch.Tensor:
+    """`t` itself when IREE can import its memory, else a dense, aligned copy (always a copy
+    when `copy`: the module writes into that argument)."""
+    if not copy and t.is_contiguous() and (t.numel() == 0 or t.data_ptr() % _ALIGN == 0):
         return t
     out = torch.empty(t.shape, dtype=t.dtype, device=t.device)
     out.copy_(t)
     return out
 
 
-class IreeFunction:
-    """One loaded module's `main`, called with and returning torch tensors."""
+def _span(t: torch.Tensor) -> tuple[int, int]:
+    return t.data_ptr(), t.data_ptr() + t.numel() * t.element_size()
 
-    def __init__(self, vmfb: bytes, target: Target, name: str = "main"):
+
+def _overlapping(spans: list[tuple[int, int, int]]) -> set[int]:
+    """Indices (the third field) of spans that overlap an earlier one in address order."""
+    spans = sorted(spans)
+    reach, hit = 0, set()
+    for start, end, i in spans:
+        if start < reach:
+            hit.add(i)
+        reach = max(reach, end)
+    return hit
+
+
+class IreeFunction:
+    """One loaded module's `main`, called with and returning torch tensors.
+
+    IREE's kernels treat their arguments as distinct, read-only memory (GPU kernels mark them
+    `noalias`). Two guarantees follow: arguments that share memory are passed as separate
+    copies, and an argument the module writes into is passed as a copy. The second set is
+    `writes` (known from the graph: in-place kernels such as sort and scatter), plus whatever
+    the first call finds changed: that call keeps a snapshot of the arguments it passes
+    zero-copy, restores any that IREE wrote, and runs again with copies.
+    """
+
+    def __init__(self, vmfb: bytes, target: Target, name: str = "main", graph: str = "?",
+                 writes: frozenset[int] = frozenset()):
         self.target = target
+        self.graph = graph
         self.device = _device(target.driver)
         inst = _instance()
         self._module = rt.VmModule.copy_buffer(inst, vmfb)
         self._context = rt.VmContext(inst, [rt.create_hal_module(inst, self.device), self._module])
         self._function = self._module.lookup_function(name)
         if self._function is None:
-            raise RuntimeError(f"compiled module has no function {name!r}")
+            raise BooRuntimeError(f"boo: compiled module of graph {graph} has no function {name!r}")
         kind = "cpu" if target.is_cpu else target.driver
         self._dl_device = _DLPACK_DEVICE[kind]
+        self.writes = set(writes)
+        self._checked = False
         # IREE contexts are not re-entrant; serialize calls from several threads.
         self._lock = threading.Lock()
 
     def __call__(self, tensors: list[torch.Tensor], num_results: int) -> list[torch.Tensor]:
-        args = rt.VmVariantList(len(tensors))
+        passed = [_importable(t, i in self.writes) for i, t in enumerate(tensors)]
+        spans = [(*_span(t), i) for i, t in enumerate(passed) if t.numel()]
+        for i in _overlapping(spans):
+            passed[i] = _importable(passed[i], copy=True)
+        if not self._checked:
+            return self._first_call(tensors, passed, num_results)
+        return self._invoke(tensors, passed, num_results)
+
+    def _first_call(self, tensors, passed, num_results):
+        zero_copy = [i for i, (t, p) in enumerate(zip(tensors, passed)) if t is p]
+        before = {i: tensors[i].clone() for i in zero_copy}
+        results = self._invoke(tensors, passed, num_results)
+        written = {i for i in zero_copy if not _same_bits(before[i], tensors[i])}
+        self._checked = True
+        if not written:
+            return results
+        log.debug("boo: IREE wrote into arguments %s of graph %s; passing copies from now on",
+                  sorted(written), self.graph)
+        for i in written:
+            tensors[i].copy_(before[i])
+        self.writes |= written
+        return self(tensors, num_results)
+
+    def _invoke(self, tensors, passed, num_results):
+        args = rt.VmVariantList(len(passed))
         from_dlpack = self.device.from_dlpack_capsule
-        for t in tensors:
-            args.push_ref(from_dlpack(to_dlpack(_importable(t))).ref)
+        for t in passed:
+            args.push_ref(from_dlpack(to_dlpack(t)).ref)
         results = rt.VmVariantList(num_results)
-        with self._lock:
-            self._context.invoke(self._function, args, results)
+        try:
+            with self._lock:
+                self._context.invoke(self._function, args, results)
+        except Exception as e:  # IREE reports its runtime errors as IndexError/RuntimeError
+            shapes = ", ".join(f"{tuple(t.shape)} {t.dtype}" for t in tensors)
+            raise BooRuntimeError(
+                f"boo: IREE failed while running graph {self.graph} on ({shapes}): "
+                f"{str(e).strip().splitlines()[0]}. Unset BOO_STRICT and set BOO_CACHE=0 to retry, "
+                "or file the module that BOO_DUMP_DIR writes"
+            ) from e
         device_id = 0
         if tensors and tensors[0].device.index is not None:
             device_id = tensors[0].device.index
@@ -75,7 +143,16 @@ class IreeFunction:
             torch.from_dlpack(export(results.get_as_object(i, rt.HalBufferView), self._dl_device, device_id))
             for i in range(len(results))
         ]
-        return _unalias(out, tensors)
+        return _unalias(out, passed)
+
+
+def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Bitwise equality (NaNs with the same payload are equal)."""
+    if a.numel() == 0:
+        return True
+    if a.dtype == torch.bool:
+        return torch.equal(a, b)
+    return torch.equal(a.reshape(-1).view(torch.uint8), b.reshape(-1).view(torch.uint8))
 
 
 def _unalias(results: list[torch.Tensor], inputs: list[torch.Tensor]) -> list[torch.Tensor]:

@@ -1,0 +1,199 @@
+"""A zoo of tiny, randomly initialised models of real architectures, for tests and benchmarks.
+
+    from boo_backend.zoo import MODELS
+    model, batch = MODELS["gpt2"]()
+    loss = model(**batch).loss
+
+Each factory builds its model from a small Hugging Face config (2 layers, hidden 32-64,
+vocabulary 128, sequence 16, batch 2, images 32x32) and a batch of keyword arguments that
+includes `labels`, so that `model(**batch).loss` is a training loss and `.logits` the
+prediction. Nothing is downloaded: weights are random, seeded, so a factory returns the same
+model and batch every time. Dropout is off (every probability 0.0) so that eager and
+compiled runs compare exactly; attention is PyTorch SDPA (transformers' default).
+
+transformers is a test/bench extra, not a dependency of boo: it is imported inside the
+factories. `cnn` needs only torch.
+"""
+
+from __future__ import annotations
+
+import types
+from typing import Callable
+
+import torch
+import torch.nn as nn
+
+BATCH, SEQ, VOCAB, IMAGE, CLASSES = 2, 16, 128, 32, 4
+
+
+def _tokens(seed: int = 1, vocab: int = VOCAB, seq: int = SEQ) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, vocab, (BATCH, seq), generator=g)
+
+
+def _images(seed: int = 1, channels: int = 3, size: int = IMAGE) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(BATCH, channels, size, size, generator=g)
+
+
+def _class_labels(seed: int = 2, classes: int = CLASSES) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, classes, (BATCH,), generator=g)
+
+
+def _build(model_cls, config) -> nn.Module:
+    torch.manual_seed(0)
+    return model_cls(config)  # attention: transformers' default, SDPA
+
+
+def _causal_lm(model_cls, config) -> tuple[nn.Module, dict]:
+    ids = _tokens()
+    return _build(model_cls, config), {"input_ids": ids, "labels": ids.clone()}
+
+
+def gpt2():
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    cfg = GPT2Config(vocab_size=VOCAB, n_positions=64, n_embd=32, n_layer=2, n_head=4,
+                     bos_token_id=0, eos_token_id=0, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+    return _causal_lm(GPT2LMHeadModel, cfg)
+
+
+def llama():
+    """Grouped-query attention: 4 query heads share 2 key/value heads."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                      attention_dropout=0.0)
+    return _causal_lm(LlamaForCausalLM, cfg)
+
+
+def qwen2():
+    """Grouped-query attention with biased q/k/v projections and tied embeddings."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    cfg = Qwen2Config(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=1, max_position_embeddings=64,
+                      attention_dropout=0.0, tie_word_embeddings=True)
+    return _causal_lm(Qwen2ForCausalLM, cfg)
+
+
+def bert():
+    """Padding in the second sequence: a real attention mask (not all ones)."""
+    from transformers import BertConfig, BertForSequenceClassification
+
+    cfg = BertConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                     intermediate_size=64, max_position_embeddings=64, num_labels=CLASSES,
+                     hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, classifier_dropout=0.0)
+    mask = torch.ones(BATCH, SEQ, dtype=torch.long)
+    mask[1, SEQ - 4:] = 0
+    batch = {"input_ids": _tokens(), "attention_mask": mask, "labels": _class_labels()}
+    return _build(BertForSequenceClassification, cfg), batch
+
+
+def distilbert():
+    from transformers import DistilBertConfig, DistilBertForSequenceClassification
+
+    cfg = DistilBertConfig(vocab_size=VOCAB, dim=32, n_layers=2, n_heads=4, hidden_dim=64,
+                           max_position_embeddings=64, num_labels=CLASSES,
+                           dropout=0.0, attention_dropout=0.0, seq_classif_dropout=0.0)
+    return _build(DistilBertForSequenceClassification, cfg), {"input_ids": _tokens(), "labels": _class_labels()}
+
+
+def t5():
+    """Encoder-decoder with relative position buckets and RMS norm (no bias, no mean)."""
+    from transformers import T5Config, T5ForConditionalGeneration
+
+    cfg = T5Config(vocab_size=VOCAB, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_decoder_layers=2,
+                   num_heads=4, relative_attention_num_buckets=8, relative_attention_max_distance=16,
+                   dropout_rate=0.0, decoder_start_token_id=0, pad_token_id=0)
+    batch = {"input_ids": _tokens(1), "labels": _tokens(3, seq=8)}
+    return _build(T5ForConditionalGeneration, cfg), batch
+
+
+def bart():
+    """Encoder-decoder with learned positions, LayerNorm and GELU."""
+    from transformers import BartConfig, BartForConditionalGeneration
+
+    cfg = BartConfig(vocab_size=VOCAB, d_model=32, encoder_layers=1, decoder_layers=1,
+                     encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=64,
+                     decoder_ffn_dim=64, max_position_embeddings=64, dropout=0.0, attention_dropout=0.0,
+                     activation_dropout=0.0, classifier_dropout=0.0,
+                     pad_token_id=1, bos_token_id=0, eos_token_id=2, decoder_start_token_id=2)
+    batch = {"input_ids": _tokens(1), "labels": _tokens(3, seq=8)}
+    return _build(BartForConditionalGeneration, cfg), batch
+
+
+def vit():
+    from transformers import ViTConfig, ViTForImageClassification
+
+    cfg = ViTConfig(image_size=IMAGE, patch_size=8, num_channels=3, hidden_size=32, num_hidden_layers=2,
+                    num_attention_heads=4, intermediate_size=64, num_labels=CLASSES,
+                    hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    return _build(ViTForImageClassification, cfg), {"pixel_values": _images(), "labels": _class_labels()}
+
+
+def resnet():
+    """BatchNorm: training updates the running statistics, inference uses them."""
+    from transformers import ResNetConfig, ResNetForImageClassification
+
+    cfg = ResNetConfig(num_channels=3, embedding_size=16, hidden_sizes=[16, 32], depths=[1, 1],
+                       layer_type="basic", num_labels=CLASSES)
+    return _build(ResNetForImageClassification, cfg), {"pixel_values": _images(), "labels": _class_labels()}
+
+
+def convnext():
+    """Depthwise 7x7 convolutions, channels-last LayerNorm, layer scale."""
+    from transformers import ConvNextConfig, ConvNextForImageClassification
+
+    cfg = ConvNextConfig(num_channels=3, patch_size=4, num_stages=2, hidden_sizes=[16, 32], depths=[1, 1],
+                         num_labels=CLASSES, drop_path_rate=0.0)
+    return _build(ConvNextForImageClassification, cfg), {"pixel_values": _images(), "labels": _class_labels()}
+
+
+def swin():
+    """Windowed attention with shifted windows and relative position bias."""
+    from transformers import SwinConfig, SwinForImageClassification
+
+    cfg = SwinConfig(image_size=IMAGE, patch_size=4, num_channels=3, embed_dim=16, depths=[1, 1],
+                     num_heads=[2, 4], window_size=4, mlp_ratio=2.0, num_labels=CLASSES,
+                     hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, drop_path_rate=0.0)
+    return _build(SwinForImageClassification, cfg), {"pixel_values": _images(), "labels": _class_labels()}
+
+
+class SmallCNN(nn.Module):
+    """Conv2d -> BatchNorm2d -> ReLU -> AvgPool2d -> Flatten -> Linear; the loss is the mean
+    log-sum-exp of the logits (`labels` is accepted and ignored, to fit the protocol)."""
+
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Sequential(
+            nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.AvgPool2d(4),
+            nn.Flatten(), nn.Linear(8 * (IMAGE // 4) ** 2, CLASSES),
+        )
+
+    def forward(self, pixel_values, labels=None):
+        logits = self.body(pixel_values)
+        return types.SimpleNamespace(loss=logits.logsumexp(-1).mean(), logits=logits)
+
+
+def cnn():
+    torch.manual_seed(0)
+    return SmallCNN(), {"pixel_values": _images(), "labels": _class_labels()}
+
+
+MODELS: dict[str, Callable[[], tuple[nn.Module, dict]]] = {
+    "cnn": cnn,
+    "gpt2": gpt2,
+    "bert": bert,
+    "distilbert": distilbert,
+    "llama": llama,
+    "qwen2": qwen2,
+    "t5": t5,
+    "bart": bart,
+    "vit": vit,
+    "resnet": resnet,
+    "convnext": convnext,
+    "swin": swin,
+}
