@@ -144,33 +144,123 @@ def _atan2(y, x):
     pi = math.pi
     special = aten.where.self(zero, aten.mul.Tensor(x_neg, pi), aten.add.Tensor(aten.mul.Tensor(x_neg, pi / 2), pi / 4))
     r = aten.where.self(aten.logical_or.default(zero, both_inf), special.to(dtype), r)
-    return aten.where.self(_negative(y), aten.neg.default(r), r)
+    r = aten.where.self(_negative(y), aten.neg.default(r), r)
+    nan = aten.logical_or.default(aten.isnan.default(y), aten.isnan.default(x))
+    return aten.where.self(nan, aten.add.Tensor(y, x), r)
 
 
-PRE_LOWERING = {
-    aten.atan2.default: _atan2,
-    aten.sum.dim_IntList: _two_stage_reduction(aten.sum.dim_IntList),
-    aten.sum.default: _two_stage_reduction(aten.sum.dim_IntList),
-    aten.mean.dim: _two_stage_reduction(aten.mean.dim),
-    aten.mean.default: _two_stage_reduction(aten.mean.dim),
-    aten._softmax.default: _over_a_vector(aten._softmax.default, 1),
-    aten._log_softmax.default: _over_a_vector(aten._log_softmax.default, 1),
-    aten._softmax_backward_data.default: _over_a_vector(aten._softmax_backward_data.default, 2),
-    aten._log_softmax_backward_data.default: _over_a_vector(aten._log_softmax_backward_data.default, 2),
+_HALF = (torch.float16, torch.bfloat16)
+
+
+def _accumulate_in_f32(op, has_dtype: bool = True):
+    """`op` (a reduction or scan) on f16/bf16 computed in f32 and rounded once at the end, as
+    eager does on the CPU; in the input's type, a long sum loses its low bits or overflows."""
+
+    def rewrite(x, *args, **kwargs):
+        if x.dtype not in _HALF or kwargs.get("dtype") is not None:
+            return NotImplemented
+        if has_dtype:
+            out = op(x, *args, **{**kwargs, "dtype": torch.float32})
+        else:
+            out = op(aten._to_copy.default(x, dtype=torch.float32), *args, **kwargs)
+        return aten._to_copy.default(out, dtype=x.dtype)
+
+    return rewrite
+
+
+def _floor_divide(a, b, *, rounding_mode=None):
+    """Integer floor division from truncating division, which IREE computes exactly;
+    torch-mlir's floor lowering goes through f64 and is wrong beyond 2^53. A zero divisor
+    (an error in eager) gives 0 instead of a hardware trap."""
+    if rounding_mode != "floor" or torch.result_type(a, b).is_floating_point or torch.result_type(a, b) == torch.bool:
+        return NotImplemented
+    dtype = torch.result_type(a, b)
+    b = b if isinstance(b, torch.Tensor) else torch.scalar_tensor(b, dtype=dtype, device=a.device)
+    a, b = a.to(dtype), b.to(dtype)
+    safe = aten.where.self(aten.eq.Scalar(b, 0), aten.ones_like.default(b), b)
+    q = aten.div.Tensor_mode(a, safe, rounding_mode="trunc")
+    r = aten.sub.Tensor(a, aten.mul.Tensor(q, safe))
+    fix = aten.logical_and.default(aten.ne.Scalar(r, 0), aten.ne.Tensor(aten.lt.Scalar(r, 0), aten.lt.Scalar(safe, 0)))
+    return aten.sub.Tensor(q, fix.to(dtype))
+
+
+def _int_fmod(a, b):
+    """Integer fmod (the remainder of truncating division), which torch-mlir cannot lower."""
+    dtype = torch.result_type(a, b)
+    if dtype.is_floating_point or dtype == torch.bool:
+        return NotImplemented
+    b = b if isinstance(b, torch.Tensor) else torch.scalar_tensor(b, dtype=dtype, device=a.device)
+    a, b = a.to(dtype), b.to(dtype)
+    safe = aten.where.self(aten.eq.Scalar(b, 0), aten.ones_like.default(b), b)
+    return aten.sub.Tensor(a, aten.mul.Tensor(aten.div.Tensor_mode(a, safe, rounding_mode="trunc"), safe))
+
+
+def _first_of(*rewrites):
+    def rewrite(*args, **kwargs):
+        for r in rewrites:
+            out = r(*args, **kwargs)
+            if out is not NotImplemented:
+                return out
+        return NotImplemented
+
+    return rewrite
+
+
+def _is_half(x, *args, **kwargs) -> bool:
+    return isinstance(x, torch.Tensor) and x.dtype in _HALF and kwargs.get("dtype") is None
+
+
+def _is_full(x, dims=None, *args, **kwargs) -> bool:
+    return is_full_reduction(x, dims) or _is_half(x, **kwargs)
+
+
+def _is_0d(x, *args, **kwargs) -> bool:
+    return isinstance(x, torch.Tensor) and x.dim() == 0
+
+
+def _is_int(a, b, **kwargs) -> bool:
+    dtype = torch.result_type(a, b)
+    return not dtype.is_floating_point and dtype != torch.bool
+
+
+def _is_int_floor(a, b, *, rounding_mode=None) -> bool:
+    return rounding_mode == "floor" and _is_int(a, b)
+
+
+# op: (when a call needs the rewrite, the rewrite). Each rewrite also returns NotImplemented
+# for calls it leaves alone, because make_fx applies the whole table once any call needs it.
+_REWRITES = {
+    aten.atan2.default: (lambda *a, **k: True, _atan2),
+    aten.div.Tensor_mode: (_is_int_floor, _floor_divide),
+    aten.div.Scalar_mode: (_is_int_floor, _floor_divide),
+    aten.fmod.Tensor: (_is_int, _int_fmod),
+    aten.fmod.Scalar: (_is_int, _int_fmod),
+    aten.sum.dim_IntList: (_is_full, _first_of(
+        _accumulate_in_f32(aten.sum.dim_IntList), _two_stage_reduction(aten.sum.dim_IntList))),
+    aten.sum.default: (_is_full, _first_of(
+        _accumulate_in_f32(aten.sum.default), _two_stage_reduction(aten.sum.dim_IntList))),
+    aten.mean.dim: (_is_full, _first_of(
+        _accumulate_in_f32(aten.mean.dim), _two_stage_reduction(aten.mean.dim))),
+    aten.mean.default: (_is_full, _first_of(
+        _accumulate_in_f32(aten.mean.default), _two_stage_reduction(aten.mean.dim))),
+    aten.linalg_vector_norm.default: (_is_half, _accumulate_in_f32(aten.linalg_vector_norm.default)),
+    aten.prod.default: (_is_half, _accumulate_in_f32(aten.prod.default)),
+    aten.prod.dim_int: (_is_half, _accumulate_in_f32(aten.prod.dim_int)),
+    aten.cumsum.default: (_is_half, _accumulate_in_f32(aten.cumsum.default)),
+    aten.var.correction: (_is_half, _accumulate_in_f32(aten.var.correction, has_dtype=False)),
+    aten._softmax.default: (_is_0d, _over_a_vector(aten._softmax.default, 1)),
+    aten._log_softmax.default: (_is_0d, _over_a_vector(aten._log_softmax.default, 1)),
+    aten._softmax_backward_data.default: (_is_0d, _over_a_vector(aten._softmax_backward_data.default, 2)),
+    aten._log_softmax_backward_data.default: (_is_0d, _over_a_vector(aten._log_softmax_backward_data.default, 2)),
 }
+PRE_LOWERING = {op: rewrite for op, (_, rewrite) in _REWRITES.items()}
 
 
-def needs_pre_lowering(op, args: tuple) -> bool:
+def needs_pre_lowering(op, args: tuple, kwargs: dict) -> bool:
     """Whether the PRE_LOWERING entry of `op` rewrites a call with these arguments (tensor
     values); make_fx only applies the table when some node needs it."""
-    if op not in PRE_LOWERING or not args or not isinstance(args[0], torch.Tensor):
-        return False
-    x = args[0]
-    if op is aten.atan2.default:
-        return True
-    if op.__name__.startswith(("sum", "mean")):
-        return is_full_reduction(x, args[1] if len(args) > 1 else None)
-    return x.dim() == 0
+    entry = _REWRITES.get(op)
+    return entry is not None and bool(args) and entry[0](*args, **kwargs)
 
 
 def is_full_reduction(x, dims) -> bool:

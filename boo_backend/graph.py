@@ -22,7 +22,7 @@ from .embed import mlir_op_name
 from .lower import Lowered, lower, unregistered_ops
 from .partition import (
     ATEN_MATMUL, Plan, compute_nodes, decomposition_table, is_symbolic, node_places,
-    preparation_table, retrace, split_islands,
+    preparation_table, retrace, signedness_matters, split_islands,
 )
 from .runtime import IreeFunction
 
@@ -206,6 +206,10 @@ class IreePart(torch.nn.Module):
             (j, shape, stride) for j, (shape, stride) in enumerate(lowered.result_layouts)
             if not _is_row_major(shape, stride)
         ]
+        self.retype = [
+            (j, getattr(torch, name)) for j, name in enumerate(lowered.result_dtypes)
+            if name.startswith("uint")
+        ]
 
     def forward(self, *args):
         low = self.lowered
@@ -213,6 +217,8 @@ class IreePart(torch.nn.Module):
         if self.function is not None:
             tensors = [args[v] if k == "arg" else v for k, v in low.inputs]
             results = self.function(tensors, len(low.result_layouts))
+            for j, dtype in self.retype:
+                results[j] = results[j].view(dtype)
             for j, shape, stride in self.restride:
                 results[j] = _restrided(results[j], shape, stride)
         outs = [args[v] if k == "arg" else results[v] if k == "result" else v for k, v in low.outputs]
@@ -336,6 +342,10 @@ class CompiledGraph:
     def _assemble_until_placed(self, args: list, plan: Plan, dump):
         """Compile; each time the compiler names ops it cannot lower, move them one step
         down the fallback order (FX decomposition, then eager island) and try again."""
+        complex_ = sorted({str(v.dtype) for n in self.gm.graph.nodes
+                           if isinstance(v := n.meta.get("val"), torch.Tensor) and v.is_complex()})
+        if complex_:
+            raise BooError(f"{', '.join(complex_)} tensors are not supported by boo's IREE path")
         while True:
             try:
                 return self._assemble(args, plan, dump)
@@ -354,7 +364,9 @@ class CompiledGraph:
 
     def _report_islands(self, plan: Plan, name: str) -> None:
         """One warning per island op, or in strict mode an error naming them."""
-        why = "neither torch-mlir nor a torch._decomp decomposition can lower it"
+        why = ("IREE cannot compute it correctly: torch-mlir has no lowering and no decomposition "
+               "helps, the target lacks a math function it needs, or its lowering is wrong for "
+               "these dtypes")
         if plan.island and self.opts.strict:
             raise BooStrictError(
                 f"boo strict: {', '.join(sorted(plan.island))} would run as an eager PyTorch "
@@ -374,9 +386,11 @@ class CompiledGraph:
         plan.island |= missing
         table = preparation_table(self.gm, decompositions, match.canonical_table(self.opts))
         if not self.symbolic and not any(n.target in table for n in compute_nodes(self.gm)):
+            plan.island |= {mlir_op_name(n.target) for n in self.gm.graph.nodes if signedness_matters(n)}
             return self.gm
         graph = retrace(self.gm, args, table)
         _check_same_outputs(self.gm, graph, decompositions, self.symbolic)
+        plan.island |= {mlir_op_name(n.target) for n in graph.graph.nodes if signedness_matters(n)}
         return graph
 
     def _assemble(self, args: list, plan: Plan, dump):

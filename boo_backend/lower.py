@@ -40,8 +40,12 @@ class Lowered:
     kernels: list[str] = dataclasses.field(default_factory=list)
     # IREE arguments that an in-place kernel may write into (see written_inputs).
     writes: tuple[int, ...] = ()
+    # Per IREE result: its torch dtype's name (IREE's integers are signless, so an unsigned
+    # result comes back as its signed twin and is reinterpreted).
+    result_dtypes: list[str] = dataclasses.field(default_factory=list)
 
-    _FIELDS = ("mlir", "inputs", "outputs", "result_layouts", "tuple_output", "kernels", "writes")
+    _FIELDS = ("mlir", "inputs", "outputs", "result_layouts", "tuple_output", "kernels", "writes",
+               "result_dtypes")
 
     def to_bytes(self, extra: dict) -> bytes:
         """Everything but the FX graph, for the compile cache (torch.save, loadable with
@@ -184,4 +188,6 @@ def import_core(core: fx.GraphModule) -> tuple[str, list[str]]:
 def lower(gm: fx.GraphModule) -> Lowered:
     core, inputs, outputs, layouts, tuple_output = build_core(gm)
     text, kernels = import_core(core)
-    return Lowered(text, core, inputs, outputs, layouts, tuple_output, kernels, written_inputs(core))
+    out = next(n for n in core.graph.nodes if n.op == "output").args[0]
+    dtypes = [str(r.meta["val"].dtype).removeprefix("torch.") for r in out]
+    return Lowered(text, core, inputs, outputs, layouts, tuple_output, kernels, written_inputs(core), dtypes)

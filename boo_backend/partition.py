@@ -75,11 +75,12 @@ def retrace(gm: fx.GraphModule, args: list, decompositions: dict | None = None) 
     return traced
 
 
-def _values(node: fx.Node) -> tuple:
-    args = [a.meta.get("val") if isinstance(a, fx.Node) else a for a in node.args]
-    if len(args) < 2 and "dim" in node.kwargs:
-        args.append(node.kwargs["dim"])
-    return tuple(args)
+def _values(node: fx.Node) -> tuple[tuple, dict]:
+    """The node's arguments with tensors as their meta values."""
+    def value(a):
+        return a.meta.get("val") if isinstance(a, fx.Node) else a
+
+    return tuple(value(a) for a in node.args), {k: value(v) for k, v in node.kwargs.items()}
 
 
 def op_for_name(name: str):
@@ -113,10 +114,44 @@ def preparation_table(gm: fx.GraphModule, decompositions: dict, canonical: dict)
     composites' canonical forms, and the plan's decompositions (which win). make_fx applies
     the table to the ops that decompositions emit too, so one trace is enough."""
     table = dict(canonical)
-    if any(needs_pre_lowering(n.target, _values(n)) for n in compute_nodes(gm)):
+    if any(needs_pre_lowering(n.target, *_values(n)) for n in compute_nodes(gm)):
         table.update(PRE_LOWERING)
     table.update(decompositions)
     return table
+
+
+_UNSIGNED = (torch.uint8, torch.uint16, torch.uint32, torch.uint64)
+aten = torch.ops.aten
+# Ops whose lowering is right for unsigned integers too. IREE's integers are signless, and
+# torch-mlir lowers division, remainder, reductions and widening casts of unsigned values
+# as if they were signed (200 // 3 on uint8 gives 0), so any other op on them stays in eager.
+_UNSIGNED_SAFE = frozenset({
+    aten.add.Tensor, aten.add.Scalar, aten.sub.Tensor, aten.sub.Scalar, aten.mul.Tensor,
+    aten.mul.Scalar, aten.bitwise_and.Tensor, aten.bitwise_or.Tensor, aten.bitwise_xor.Tensor,
+    aten.bitwise_and.Scalar, aten.bitwise_or.Scalar, aten.bitwise_xor.Scalar, aten.bitwise_not.default,
+    aten.eq.Tensor, aten.eq.Scalar, aten.ne.Tensor, aten.ne.Scalar, aten.lt.Tensor, aten.lt.Scalar,
+    aten.le.Tensor, aten.le.Scalar, aten.gt.Tensor, aten.gt.Scalar, aten.ge.Tensor, aten.ge.Scalar,
+    aten.maximum.default, aten.minimum.default, aten.where.self, aten.clone.default,
+    aten.cat.default, aten.copy.default, aten.alias.default, aten.lift_fresh_copy.default,
+    aten.bitwise_right_shift.Tensor, aten.bitwise_left_shift.Tensor,
+    aten.__rshift__.Scalar, aten.__lshift__.Scalar, aten.logical_not.default,
+    aten.logical_and.default, aten.logical_or.default, aten.logical_xor.default,
+    aten.index.Tensor, aten.index_select.default, aten.gather.default, aten.constant_pad_nd.default,
+})
+
+
+def signedness_matters(node: fx.Node) -> bool:
+    """Whether `node` computes on unsigned integers with an op IREE would treat as signed."""
+    if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
+        return False
+    vals = [a.meta.get("val") for a in node.all_input_nodes]
+    unsigned = [v for v in vals if isinstance(v, torch.Tensor) and v.dtype in _UNSIGNED]
+    if not unsigned or node.target in _UNSIGNED_SAFE or node.target.is_view:
+        return False
+    if node.target is aten._to_copy.default:  # unsigned to float or bool is right; to int is not
+        out = node.meta.get("val")
+        return not (isinstance(out, torch.Tensor) and (out.dtype.is_floating_point or out.dtype in (torch.bool, unsigned[0].dtype)))
+    return True
 
 
 # Ops left to ATen by choice under BOO_ATEN_MATMUL=1, the way Inductor calls extern kernels.
