@@ -51,17 +51,24 @@ def _importable(t: torch.Tensor, copy: bool = False) -> torch.Tensor:
     return out
 
 
-def _span(t: torch.Tensor) -> tuple[int, int]:
-    return t.data_ptr(), t.data_ptr() + t.numel() * t.element_size()
+def _spans(tensors: list[torch.Tensor]) -> list[tuple[int, int, int]]:
+    """(start, end, index) of each non-empty tensor's memory, in address order."""
+    spans = []
+    for i, t in enumerate(tensors):
+        n = t.numel()
+        if n:
+            p = t.data_ptr()
+            spans.append((p, p + n * t.element_size(), i))
+    spans.sort()
+    return spans
 
 
-def _overlapping(spans: list[tuple[int, int, int]]) -> set[int]:
-    """Indices (the third field) of spans that overlap an earlier one in address order."""
-    spans = sorted(spans)
-    reach, hit = 0, set()
+def _overlapping(spans: list[tuple[int, int, int]]) -> list[int]:
+    """Indices of the spans that overlap an earlier one in address order."""
+    reach, hit = 0, []
     for start, end, i in spans:
         if start < reach:
-            hit.add(i)
+            hit.append(i)
         reach = max(reach, end)
     return hit
 
@@ -97,17 +104,20 @@ class IreeFunction:
 
     def __call__(self, tensors: list[torch.Tensor], num_results: int) -> list[torch.Tensor]:
         passed = [_importable(t, i in self.writes) for i, t in enumerate(tensors)]
-        spans = [(*_span(t), i) for i, t in enumerate(passed) if t.numel()]
-        for i in _overlapping(spans):
-            passed[i] = _importable(passed[i], copy=True)
+        spans = _spans(passed)
+        shared = _overlapping(spans)
+        if shared:
+            for i in shared:
+                passed[i] = _importable(passed[i], copy=True)
+            spans = _spans(passed)
         if not self._checked:
-            return self._first_call(tensors, passed, num_results)
-        return self._invoke(tensors, passed, num_results)
+            return self._first_call(tensors, passed, spans, num_results)
+        return self._invoke(tensors, passed, spans, num_results)
 
-    def _first_call(self, tensors, passed, num_results):
+    def _first_call(self, tensors, passed, spans, num_results):
         zero_copy = [i for i, (t, p) in enumerate(zip(tensors, passed)) if t is p]
         before = {i: tensors[i].clone() for i in zero_copy}
-        results = self._invoke(tensors, passed, num_results)
+        results = self._invoke(tensors, passed, spans, num_results)
         written = {i for i in zero_copy if not _same_bits(before[i], tensors[i])}
         self._checked = True
         if not written:
@@ -119,7 +129,7 @@ class IreeFunction:
         self.writes |= written
         return self(tensors, num_results)
 
-    def _invoke(self, tensors, passed, num_results):
+    def _invoke(self, tensors, passed, spans, num_results):
         args = rt.VmVariantList(len(passed))
         from_dlpack = self.device.from_dlpack_capsule
         for t in passed:
@@ -143,7 +153,7 @@ class IreeFunction:
             torch.from_dlpack(export(results.get_as_object(i, rt.HalBufferView), self._dl_device, device_id))
             for i in range(len(results))
         ]
-        return _unalias(out, passed)
+        return _unalias(out, spans)
 
 
 def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -155,13 +165,13 @@ def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
     return torch.equal(a.reshape(-1).view(torch.uint8), b.reshape(-1).view(torch.uint8))
 
 
-def _unalias(results: list[torch.Tensor], inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+def _unalias(results: list[torch.Tensor], spans: list[tuple[int, int, int]]) -> list[torch.Tensor]:
     """IREE may hand back an input's buffer (or one buffer twice) for a result that is a copy
-    in the graph, e.g. `x.clone()`. The graph promised a fresh tensor, so copy those."""
-    spans = sorted((t.data_ptr(), t.data_ptr() + t.numel() * t.element_size()) for t in inputs if t.numel())
-    starts = [s for s, _ in spans]
+    in the graph, e.g. `x.clone()`. The graph promised a fresh tensor, so copy those.
+    `spans`: the arguments' memory, from _spans."""
+    starts = [s for s, _, _ in spans]
     reach, ends = 0, []
-    for _, end in spans:
+    for _, end, _ in spans:
         reach = max(reach, end)
         ends.append(reach)
     seen: set[int] = set()
