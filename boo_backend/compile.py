@@ -203,3 +203,27 @@ def compile_mlir(mlir: str, target: Target, cache: CompileCache, timeout: float 
         raise
     cache.put(key, blob)
     return blob
+
+
+_LEFT_OVER = re.compile(r"^\s*(?:%[\w:#, %]+=\s*)?(torch\.(?:aten|prims)\.[\w.]+)", re.M)
+
+
+def unconverted_ops(mlir: str, target: Target) -> set[str]:
+    """ATen op names that IREE's torch input conversion leaves unconverted in `mlir`.
+
+    When an op has no lowering, the conversion fails on its operands instead: constants
+    that lost their location when they were hoisted and uniqued ("<unknown>:0: error:
+    failed to legalize operation 'torch.constant.int'"), so no line names the op. This runs
+    the input phase alone (well under a second) and reads the IR it prints on failure:
+    every ATen op still in it is one the conversion could not lower."""
+    cmd = [find_tool("iree-compile"), "-", *compile_flags(target, optional=False), "--compile-to=input",
+           "--mlir-print-ir-after-failure", "--mlir-print-op-on-diagnostic=false", "-o", os.devnull]
+    try:
+        proc = subprocess.run(cmd, input=mlir.encode(), capture_output=True, timeout=300)
+    except subprocess.TimeoutExpired:
+        return set()
+    err = proc.stderr.decode(errors="replace")
+    if proc.returncode == 0 or "failed to legalize operation 'torch." not in err:
+        return set()
+    dump = err.split("IR Dump After", 1)[-1] if "IR Dump After" in err else ""
+    return set(_LEFT_OVER.findall(dump))

@@ -26,11 +26,12 @@ def _flash_attention_cpu_backward(grad_out, q, k, v, out, logsumexp, dropout_p, 
                                   *, attn_mask=None, scale=None):
     """Attention backward from the saved log-sum-exp: recompute the probabilities, then
     dV = P^T dO, dS = P * (dO V^T - rowsum(dO * O)), dQ = dS K * scale, dK = dS^T Q * scale."""
-    if dropout_p != 0.0 or k.shape[1] != q.shape[1]:
-        return NotImplemented  # dropout masks and grouped heads are not reproduced here
+    if dropout_p != 0.0 or not _grouped(q, k):
+        return NotImplemented  # dropout masks are not reproduced here
     scale = scale if scale is not None else q.shape[-1] ** -0.5
     f32 = torch.float32
-    qf, kf, vf, dof, of = (t.to(f32) for t in (q, k, v, grad_out, out))
+    qf, dof, of = (t.to(f32) for t in (q, grad_out, out))
+    kf, vf = (_repeat_heads(t.to(f32), q) for t in (k, v))
     scores = _masked_scores(qf, kf, scale, is_causal, attn_mask)
     probs = torch.exp(scores - logsumexp.to(f32).unsqueeze(-1))
     dv = torch.matmul(probs.transpose(-2, -1), dof)
@@ -39,32 +40,141 @@ def _flash_attention_cpu_backward(grad_out, q, k, v, out, logsumexp, dropout_p, 
     dscores = probs * (dprobs - delta) * scale
     dq = torch.matmul(dscores, kf)
     dk = torch.matmul(dscores.transpose(-2, -1), qf)
-    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
+    return dq.to(q.dtype), _sum_groups(dk, k).to(k.dtype), _sum_groups(dv, v).to(v.dtype)
 
 
 def _flash_attention_cpu(q, k, v, dropout_p=0.0, is_causal=False, *, attn_mask=None, scale=None):
     """Attention forward that also returns the log-sum-exp its backward needs (torch._decomp's
     entry returns the probabilities in that place, which only inference can use)."""
-    if dropout_p != 0.0 or k.shape[1] != q.shape[1]:
+    if dropout_p != 0.0 or not _grouped(q, k):
         return NotImplemented
     scale = scale if scale is not None else q.shape[-1] ** -0.5
     f32 = torch.float32
-    scores = _masked_scores(q.to(f32), k.to(f32), scale, is_causal, attn_mask)
+    scores = _masked_scores(q.to(f32), _repeat_heads(k.to(f32), q), scale, is_causal, attn_mask)
     lse = torch.logsumexp(scores, dim=-1)
-    out = torch.matmul(torch.exp(scores - lse.unsqueeze(-1)), v.to(f32))
+    out = torch.matmul(torch.exp(scores - lse.unsqueeze(-1)), _repeat_heads(v.to(f32), q))
     return out.to(q.dtype), lse
+
+
+def _grouped(q, k) -> bool:
+    """Whether k's heads divide q's: grouped-query attention (enable_gqa) when fewer."""
+    return q.dim() == 4 and k.dim() == 4 and k.shape[1] > 0 and q.shape[1] % k.shape[1] == 0
+
+
+def _repeat_heads(t, q):
+    """Key or value heads repeated to q's head count: head h of q reads head h // group,
+    as SDPA's enable_gqa does (repeat_interleave over dim 1)."""
+    group = q.shape[1] // t.shape[1]
+    if group == 1:
+        return t
+    b, h, s, d = t.shape
+    return t.unsqueeze(2).expand(b, h, group, s, d).reshape(b, h * group, s, d)
+
+
+def _sum_groups(grad, like):
+    """The gradient of _repeat_heads: sum over each group of query heads."""
+    group = grad.shape[1] // like.shape[1]
+    if group == 1:
+        return grad
+    b, h, s, d = like.shape
+    return grad.reshape(b, h, group, s, d).sum(dim=2)
 
 
 def _masked_scores(qf, kf, scale, is_causal, attn_mask):
     scores = torch.matmul(qf, kf.transpose(-2, -1)) * scale
     if is_causal:
         lq, lk = qf.shape[-2], kf.shape[-2]
-        keep = torch.ones(lq, lk, dtype=torch.bool, device=qf.device).tril(diagonal=lk - lq)
+        # SDPA's is_causal aligns the mask to the top left (query i sees keys 0..i), also
+        # when lq != lk; the CPU flash kernel does the same.
+        keep = torch.ones(lq, lk, dtype=torch.bool, device=qf.device).tril(diagonal=0)
         scores = scores.masked_fill(~keep, float("-inf"))
     if attn_mask is not None:
         scores = (scores.masked_fill(~attn_mask, float("-inf")) if attn_mask.dtype == torch.bool
                   else scores + attn_mask.to(scores.dtype))
     return scores
+
+
+def _pair(v, default=None):
+    v = default if not v else v
+    return (v[0], v[0]) if len(v) == 1 else tuple(v) if not isinstance(v, int) else (v, v)
+
+
+def _window_sizes(out: int, size: int, k: int, s: int, p: int, include_pad: bool) -> list[int]:
+    """Per output position, the number of input rows its window divides by (ATen's rule:
+    the window clipped to the padded input, and to the input itself unless include_pad)."""
+    sizes = []
+    for o in range(out):
+        start, end = o * s - p, min(o * s - p + k, size + p)
+        if not include_pad:
+            start, end = max(start, 0), min(end, size)
+        sizes.append(end - start)
+    return sizes
+
+
+def _avg_pool2d_backward(grad_out, x, kernel_size, stride, padding, ceil_mode, count_include_pad,
+                         divisor_override=None):
+    """Each output gradient, divided by its window's divisor, spread over its window: the
+    transposed convolution with a ones kernel, written as zeros inserted between the
+    gradients (stride) and a depthwise convolution (torch-mlir lowers no grouped transposed
+    one), cropped to the unpadded input. torch._decomp lists avg_pool2d_backward among core
+    ATen's decompositions but has no entry for it."""
+    (kh, kw), (sh, sw), (ph, pw) = _pair(kernel_size), _pair(stride, kernel_size), _pair(padding)
+    unbatched = x.dim() == 3
+    if unbatched:
+        grad_out, x = grad_out.unsqueeze(0), x.unsqueeze(0)
+    n, c, h, w = x.shape
+    oh, ow = grad_out.shape[-2:]
+    if divisor_override:
+        grad = grad_out / divisor_override
+    else:
+        rows = _window_sizes(oh, h, kh, sh, ph, count_include_pad)
+        cols = _window_sizes(ow, w, kw, sw, pw, count_include_pad)
+        if len(set(rows)) == 1 and len(set(cols)) == 1:
+            grad = grad_out / (rows[0] * cols[0])
+        else:
+            divisor = torch.tensor([[r * q for q in cols] for r in rows], dtype=grad_out.dtype)
+            grad = grad_out / divisor.to(grad_out.device)
+    spread = aten.constant_pad_nd.default(grad.reshape(n, c, oh, 1, ow, 1), [0, sw - 1, 0, 0, 0, sh - 1])
+    spread = spread.reshape(n, c, oh * sh, ow * sw)[:, :, :(oh - 1) * sh + 1, :(ow - 1) * sw + 1]
+    spread = aten.constant_pad_nd.default(spread, [kw - 1, kw - 1, kh - 1, kh - 1], 0.0)
+    ones = torch.ones(c, 1, kh, kw, dtype=grad.dtype, device=grad.device)
+    full = aten.convolution.default(spread, ones, None, [1, 1], [0, 0], [1, 1], False, [0, 0], c)
+    # `full` covers the padded input from its top-left corner; rows past the last window get 0.
+    extra_h, extra_w = max(ph + h - full.shape[-2], 0), max(pw + w - full.shape[-1], 0)
+    if extra_h or extra_w:
+        full = aten.constant_pad_nd.default(full, [0, extra_w, 0, extra_h], 0.0)
+    out = full[:, :, ph:ph + h, pw:pw + w]
+    return out.squeeze(0) if unbatched else out
+
+
+def _as_strided_scatter(x, src, size, stride, storage_offset=None):
+    """`x` with the elements of its as_strided(size, stride, offset) view replaced by `src`
+    (AOTAutograd's backward of an as_strided view, e.g. under adaptive average pooling).
+    torch._decomp only turns it into prims.as_strided_scatter. A row-major window of x's
+    elements is a slice_scatter of the flattened tensor; any other view an index_put at the
+    positions it reads. Positions count in x's storage, so x must be contiguous."""
+    if not x.is_contiguous():
+        return NotImplemented
+    offset, numel = storage_offset or 0, 1
+    for s in size:
+        numel *= s
+    flat, values = x.reshape(-1), src.reshape(-1).to(x.dtype)
+    if numel == 0:
+        return x.clone()
+    expected, acc = [], 1
+    for s in reversed(size):
+        expected.append(acc)
+        acc *= s
+    if all(st == e for s, st, e in zip(size, stride, reversed(expected)) if s != 1):
+        out = aten.slice_scatter.default(flat, values, 0, offset, offset + numel)
+    else:
+        index = torch.full([1] * len(size), offset, dtype=torch.int64, device=x.device)
+        for d, (s, st) in enumerate(zip(size, stride)):
+            shape = [1] * len(size)
+            shape[d] = s
+            index = index + (torch.arange(s, device=x.device) * st).reshape(shape)
+        out = aten.index_put.default(flat, [index.reshape(-1)], values)
+    return out.reshape(x.shape)
 
 
 # core ATen's entry for CPU flash attention saves the probabilities where its backward
@@ -77,6 +187,8 @@ FALLBACK = {
     aten._scaled_dot_product_flash_attention_for_cpu.default: _flash_attention_cpu,
     aten.squeeze.dims: _squeeze_dims,
     aten._scaled_dot_product_flash_attention_for_cpu_backward.default: _flash_attention_cpu_backward,
+    aten.as_strided_scatter.default: _as_strided_scatter,
+    aten.avg_pool2d_backward.default: _avg_pool2d_backward,
 }
 
 
@@ -195,6 +307,71 @@ def _int_fmod(a, b):
     return aten.sub.Tensor(a, aten.mul.Tensor(aten.div.Tensor_mode(a, safe, rounding_mode="trunc"), safe))
 
 
+def _index_put_mask(x, indices, values, accumulate=False):
+    """`x[mask] = values` (or `+=`) with one boolean mask over x's leading dims, as a `where`:
+    torch-mlir's lowering goes through nonzero(), whose size depends on the data, and IREE
+    crashes on an all-False mask. Values that have a row per True element (a size known only
+    at run time) are left alone."""
+    if len(indices) != 1 or indices[0] is None or indices[0].dtype != torch.bool:
+        return NotImplemented
+    mask = indices[0]
+    rest = x.dim() - mask.dim()
+    if values.dim() > rest or tuple(mask.shape) != tuple(x.shape[: mask.dim()]):
+        return NotImplemented
+    mask = aten.reshape.default(mask, [*mask.shape] + [1] * rest)
+    values = aten.expand.default(values.to(x.dtype), list(x.shape))
+    if accumulate:
+        return aten.add.Tensor(x, aten.where.self(mask, values, aten.zeros_like.default(values)))
+    return aten.where.self(mask, values, x)
+
+
+def _crop_negative_pads(x, pad, value=0.0):
+    """constant_pad_nd with negative pads (crops) as a slice, then the non-negative pads:
+    torch-mlir's lowering fills the whole result with the pad value."""
+    if all(p >= 0 for p in pad):
+        return NotImplemented
+    for i in range(len(pad) // 2):
+        dim, left, right = x.dim() - 1 - i, pad[2 * i], pad[2 * i + 1]
+        size = x.shape[dim]
+        x = aten.slice.Tensor(x, dim, max(-left, 0), size - max(-right, 0))
+    return aten.constant_pad_nd.default(x, [max(p, 0) for p in pad], value)
+
+
+def _var_of_nothing(op):
+    """var/std over zero elements is NaN (0/0 in eager); IREE's lowering gives -0.0."""
+
+    def rewrite(x, dim=None, *, correction=None, keepdim=False):
+        dims = range(x.dim()) if dim is None or len(dim) == 0 else dim
+        count = 1
+        for d in dims:
+            count *= x.shape[d]
+        if count != 0:
+            return NotImplemented
+        return aten.mul.Tensor(aten.sum.dim_IntList(x, list(dims), keepdim), float("nan"))
+
+    return rewrite
+
+
+def _empty_contraction(op):
+    """mm/bmm/addmm over a zero-length inner dim: zeros (plus beta * self for addmm).
+    IREE 3.13's compiler fails on a contraction over nothing."""
+
+    def rewrite(*args, beta=1, alpha=1):
+        a, b = args[-2], args[-1]
+        if a.shape[-1] != 0:
+            return NotImplemented
+        out = aten.full.default([*a.shape[:-1], b.shape[-1]], 0, dtype=a.dtype, device=a.device)
+        if op is aten.addmm.default and beta != 0:
+            out = aten.add.Tensor(out, aten.mul.Tensor(args[0], beta))
+        return out
+
+    return rewrite
+
+
+def _contracts_nothing(*args, **kwargs) -> bool:
+    return args[-1].dim() >= 2 and args[-2].shape[-1] == 0
+
+
 def _first_of(*rewrites):
     def rewrite(*args, **kwargs):
         for r in rewrites:
@@ -216,6 +393,19 @@ def _is_full(x, dims=None, *args, **kwargs) -> bool:
 
 def _is_0d(x, *args, **kwargs) -> bool:
     return isinstance(x, torch.Tensor) and x.dim() == 0
+
+
+def _has_bool_index(x, indices, *args, **kwargs) -> bool:
+    return any(i is not None and i.dtype == torch.bool for i in indices)
+
+
+def _negative_pad(x, pad, *args, **kwargs) -> bool:
+    return any(p < 0 for p in pad)
+
+
+def _reduces_nothing(x, dim=None, *args, **kwargs) -> bool:
+    dims = range(x.dim()) if dim is None or len(dim) == 0 else dim
+    return any(x.shape[d] == 0 for d in dims)
 
 
 def _is_int(a, b, **kwargs) -> bool:
@@ -247,7 +437,15 @@ _REWRITES = {
     aten.prod.default: (_is_half, _accumulate_in_f32(aten.prod.default)),
     aten.prod.dim_int: (_is_half, _accumulate_in_f32(aten.prod.dim_int)),
     aten.cumsum.default: (_is_half, _accumulate_in_f32(aten.cumsum.default)),
-    aten.var.correction: (_is_half, _accumulate_in_f32(aten.var.correction, has_dtype=False)),
+    aten.var.correction: (lambda *a, **k: _is_half(*a, **k) or _reduces_nothing(*a, **k), _first_of(
+        _var_of_nothing(aten.var.correction), _accumulate_in_f32(aten.var.correction, has_dtype=False))),
+    aten.std.correction: (_reduces_nothing, _var_of_nothing(aten.std.correction)),
+    aten.avg_pool2d.default: (_is_half, _accumulate_in_f32(aten.avg_pool2d.default, has_dtype=False)),
+    aten.index_put.default: (_has_bool_index, _index_put_mask),
+    aten.mm.default: (_contracts_nothing, _empty_contraction(aten.mm.default)),
+    aten.bmm.default: (_contracts_nothing, _empty_contraction(aten.bmm.default)),
+    aten.addmm.default: (_contracts_nothing, _empty_contraction(aten.addmm.default)),
+    aten.constant_pad_nd.default: (_negative_pad, _crop_negative_pads),
     aten._softmax.default: (_is_0d, _over_a_vector(aten._softmax.default, 1)),
     aten._log_softmax.default: (_is_0d, _over_a_vector(aten._log_softmax.default, 1)),
     aten._softmax_backward_data.default: (_is_0d, _over_a_vector(aten._softmax_backward_data.default, 2)),

@@ -16,13 +16,15 @@ import torch.fx as fx
 
 from . import match
 from .cache import CompileCache, write_atomic
-from .compile import BooCompileError, Target, compile_flags, compile_mlir, parse_target, target_for_device
+from .compile import (
+    BooCompileError, Target, compile_flags, compile_mlir, parse_target, target_for_device, unconverted_ops,
+)
 from .config import BooError, BooFallbackWarning, BooStrictError, Options
 from .embed import mlir_op_name
 from .lower import Lowered, lower, unregistered_ops
 from .partition import (
-    ATEN_MATMUL, Plan, compute_nodes, decomposition_table, is_symbolic, node_places,
-    preparation_table, retrace, signedness_matters, split_islands,
+    ATEN_MATMUL, Plan, compute_nodes, decomposition_table, fold_empty, is_symbolic, node_places,
+    preparation_table, retrace, wrong_in_iree, split_islands,
 )
 from .runtime import IreeFunction
 
@@ -386,11 +388,12 @@ class CompiledGraph:
         plan.island |= missing
         table = preparation_table(self.gm, decompositions, match.canonical_table(self.opts))
         if not self.symbolic and not any(n.target in table for n in compute_nodes(self.gm)):
-            plan.island |= {mlir_op_name(n.target) for n in self.gm.graph.nodes if signedness_matters(n)}
-            return self.gm
-        graph = retrace(self.gm, args, table)
-        _check_same_outputs(self.gm, graph, decompositions, self.symbolic)
-        plan.island |= {mlir_op_name(n.target) for n in graph.graph.nodes if signedness_matters(n)}
+            graph = self.gm
+        else:
+            graph = retrace(self.gm, args, table)
+            _check_same_outputs(self.gm, graph, decompositions, self.symbolic)
+        graph = fold_empty(graph)
+        plan.island |= {mlir_op_name(n.target) for n in graph.graph.nodes if wrong_in_iree(n)}
         return graph
 
     def _assemble(self, args: list, plan: Plan, dump):
@@ -424,7 +427,7 @@ class CompiledGraph:
             vmfb = compile_mlir(lowered.mlir, target, self.cache, self.opts.compile_timeout)
         except BooCompileError as e:
             unlinked = _unlinked_ops(e, e.mlir.splitlines())
-            names = unlinked or _failing_ops(e)
+            names = unlinked or _failing_ops(e) or unconverted_ops(lowered.mlir, target)
             log.debug("boo: iree-compile rejected %s in %s:\n%s", names or "?", self.name, e.diagnostics)
             if names:
                 raise _Unlowerable(names, final=bool(unlinked)) from e

@@ -12,13 +12,14 @@ applies a `Plan` once it is known.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import operator
 
 import torch
 import torch.fx as fx
 from torch._decomp import get_decompositions
-from torch.fx.experimental.proxy_tensor import make_fx
+from torch.fx.experimental.proxy_tensor import disable_proxy_modes_tracing, make_fx
 from torch.fx.passes.split_module import split_module
 
 from .decompositions import FALLBACK, PRE_LOWERING, needs_pre_lowering
@@ -75,9 +76,38 @@ def retrace(gm: fx.GraphModule, args: list, decompositions: dict | None = None) 
     return traced
 
 
+def fold_empty(gm: fx.GraphModule) -> fx.GraphModule:
+    """`gm`, or a copy of it in which every op whose result is an empty tensor is replaced
+    by `aten.full` of that shape: an empty result has no values to compute, and IREE 3.13's
+    compiler fails on many ops over empty tensors (stack of [0, 1, 0], for one)."""
+    empty = [
+        n for n in compute_nodes(gm)
+        if isinstance(v := n.meta.get("val"), torch.Tensor) and v.numel() == 0 and n.target is not aten.full.default
+    ]
+    if not empty:
+        return gm
+    gm = fx.GraphModule(gm, copy.deepcopy(gm.graph))
+    for node in compute_nodes(gm):
+        val = node.meta.get("val")
+        if not (isinstance(val, torch.Tensor) and val.numel() == 0) or node.target is aten.full.default:
+            continue
+        with gm.graph.inserting_before(node):
+            full = gm.graph.call_function(
+                aten.full.default, (list(val.shape), 0), {"dtype": val.dtype, "device": val.device}
+            )
+        full.meta = dict(node.meta)
+        node.replace_all_uses_with(full)
+        gm.graph.erase_node(node)
+    gm.graph.eliminate_dead_code()
+    gm.recompile()
+    return gm
+
+
 def _values(node: fx.Node) -> tuple[tuple, dict]:
     """The node's arguments with tensors as their meta values."""
     def value(a):
+        if isinstance(a, (list, tuple)):
+            return type(a)(value(b) for b in a)
         return a.meta.get("val") if isinstance(a, fx.Node) else a
 
     return tuple(value(a) for a in node.args), {k: value(v) for k, v in node.kwargs.items()}
@@ -92,6 +122,39 @@ def op_for_name(name: str):
     return getattr(packet, parts[3] if len(parts) == 4 else "default", None)
 
 
+def _to_layout(x, like):
+    """`x` with the strides of `like` (same shape), as a permute of a contiguous copy; `x`
+    itself when it has them already or when `like` is not a dense permuted layout."""
+    if not isinstance(x, torch.Tensor) or not isinstance(like, torch.Tensor) or x.stride() == like.stride():
+        return x
+    order = sorted(range(like.dim()), key=lambda d: (-like.stride()[d], d))
+    inverse = sorted(range(like.dim()), key=order.__getitem__)
+    out = x.permute(order).contiguous().permute(inverse)
+    return out if out.stride() == like.stride() else x
+
+
+def keep_strides(op, decomposition):
+    """`decomposition` returning tensors with the strides of `op`'s own results. A graph
+    traced through `op` may view its results (AOTAutograd's backward views a permute of the
+    CPU flash-attention gradients, laid out [B, S, H, D]); a decomposition that makes them
+    contiguous instead breaks that view when the graph is traced again."""
+
+    def run(*args, **kwargs):
+        out = decomposition(*args, **kwargs)
+        if out is NotImplemented:
+            return out
+        try:
+            with disable_proxy_modes_tracing():
+                expected = op(*args, **kwargs)  # on fake tensors: metadata only
+        except Exception:  # no fake kernel for `op`: keep what the decomposition made
+            return out
+        if isinstance(out, (tuple, list)):
+            return type(out)(_to_layout(o, e) for o, e in zip(out, expected))
+        return _to_layout(out, expected)
+
+    return run
+
+
 def decomposition_table(names: set[str]) -> tuple[dict, set[str]]:
     """Decompositions for the ops named in `names` (boo's own first, then torch._decomp);
     also the names that have none."""
@@ -103,7 +166,7 @@ def decomposition_table(names: set[str]) -> tuple[dict, set[str]]:
         if op is not None:
             found = {op: FALLBACK[op]} if op in FALLBACK else get_decompositions([op])
         if found:
-            table.update(found)
+            table.update({o: keep_strides(o, fn) for o, fn in found.items()})
         else:
             missing.add(name)
     return table, missing
@@ -140,17 +203,42 @@ _UNSIGNED_SAFE = frozenset({
 })
 
 
-def signedness_matters(node: fx.Node) -> bool:
-    """Whether `node` computes on unsigned integers with an op IREE would treat as signed."""
+# Ops whose lowering treats bool (i1) as a signed integer, True as -1: sort puts True first,
+# clamp and scatter_add/amax with bools give False.
+_BOOL_WRONG = frozenset({
+    aten.sort.default, aten.sort.stable, aten.topk.default, aten.kthvalue.default,
+    aten.clamp.default, aten.clamp.Tensor, aten.clamp_min.default, aten.clamp_min.Tensor,
+    aten.clamp_max.default, aten.clamp_max.Tensor, aten.scatter_add.default,
+    aten.scatter_reduce.two, aten.index_add.default,
+})
+# Ops whose lowering is wrong for every dtype: logcumsumexp adds exp(x) without taking out the
+# running maximum, so it overflows to inf where eager does not.
+_ALWAYS_WRONG = frozenset({aten.logcumsumexp.default})
+
+
+def wrong_in_iree(node: fx.Node) -> bool:
+    """Whether IREE would compute `node` wrongly for its dtypes, so that it must run in eager:
+    unsigned integers outside _UNSIGNED_SAFE, bools in _BOOL_WRONG, ops in _ALWAYS_WRONG,
+    and boolean-mask index_put that decompositions.PRE_LOWERING could not rewrite."""
     if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
         return False
+    op = node.target
+    if op in _ALWAYS_WRONG:
+        return True
     vals = [a.meta.get("val") for a in node.all_input_nodes]
-    unsigned = [v for v in vals if isinstance(v, torch.Tensor) and v.dtype in _UNSIGNED]
-    if not unsigned or node.target in _UNSIGNED_SAFE or node.target.is_view:
+    dtypes = {v.dtype for v in vals if isinstance(v, torch.Tensor)}
+    if op in (aten.index_put.default, aten._index_put_impl_.default) and any(
+        isinstance(i, fx.Node) and getattr(i.meta.get("val"), "dtype", None) == torch.bool for i in node.args[1]
+    ):
+        return True
+    if torch.bool in dtypes and op in _BOOL_WRONG:
+        return True
+    unsigned = dtypes & set(_UNSIGNED)
+    if not unsigned or op in _UNSIGNED_SAFE or op.is_view:
         return False
-    if node.target is aten._to_copy.default:  # unsigned to float or bool is right; to int is not
+    if op is aten._to_copy.default:  # unsigned to float or bool is right; to int is not
         out = node.meta.get("val")
-        return not (isinstance(out, torch.Tensor) and (out.dtype.is_floating_point or out.dtype in (torch.bool, unsigned[0].dtype)))
+        return not (isinstance(out, torch.Tensor) and (out.dtype.is_floating_point or out.dtype in {torch.bool, *unsigned}))
     return True
 
 

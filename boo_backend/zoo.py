@@ -24,6 +24,9 @@ import torch
 import torch.nn as nn
 
 BATCH, SEQ, VOCAB, IMAGE, CLASSES = 2, 16, 128, 32, 4
+# Set up front: transformers fills in problem_type on the first call otherwise, and that
+# change to the config makes Dynamo compile the model a second time.
+SINGLE = "single_label_classification"
 
 
 def _tokens(seed: int = 1, vocab: int = VOCAB, seq: int = SEQ) -> torch.Tensor:
@@ -84,7 +87,7 @@ def bert():
     from transformers import BertConfig, BertForSequenceClassification
 
     cfg = BertConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                     intermediate_size=64, max_position_embeddings=64, num_labels=CLASSES,
+                     intermediate_size=64, max_position_embeddings=64, num_labels=CLASSES, problem_type=SINGLE,
                      hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, classifier_dropout=0.0)
     mask = torch.ones(BATCH, SEQ, dtype=torch.long)
     mask[1, SEQ - 4:] = 0
@@ -96,7 +99,7 @@ def distilbert():
     from transformers import DistilBertConfig, DistilBertForSequenceClassification
 
     cfg = DistilBertConfig(vocab_size=VOCAB, dim=32, n_layers=2, n_heads=4, hidden_dim=64,
-                           max_position_embeddings=64, num_labels=CLASSES,
+                           max_position_embeddings=64, num_labels=CLASSES, problem_type=SINGLE,
                            dropout=0.0, attention_dropout=0.0, seq_classif_dropout=0.0)
     return _build(DistilBertForSequenceClassification, cfg), {"input_ids": _tokens(), "labels": _class_labels()}
 
@@ -129,7 +132,7 @@ def vit():
     from transformers import ViTConfig, ViTForImageClassification
 
     cfg = ViTConfig(image_size=IMAGE, patch_size=8, num_channels=3, hidden_size=32, num_hidden_layers=2,
-                    num_attention_heads=4, intermediate_size=64, num_labels=CLASSES,
+                    num_attention_heads=4, intermediate_size=64, num_labels=CLASSES, problem_type=SINGLE,
                     hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
     return _build(ViTForImageClassification, cfg), {"pixel_values": _images(), "labels": _class_labels()}
 
@@ -139,7 +142,7 @@ def resnet():
     from transformers import ResNetConfig, ResNetForImageClassification
 
     cfg = ResNetConfig(num_channels=3, embedding_size=16, hidden_sizes=[16, 32], depths=[1, 1],
-                       layer_type="basic", num_labels=CLASSES)
+                       layer_type="basic", num_labels=CLASSES, problem_type=SINGLE)
     return _build(ResNetForImageClassification, cfg), {"pixel_values": _images(), "labels": _class_labels()}
 
 
@@ -148,7 +151,7 @@ def convnext():
     from transformers import ConvNextConfig, ConvNextForImageClassification
 
     cfg = ConvNextConfig(num_channels=3, patch_size=4, num_stages=2, hidden_sizes=[16, 32], depths=[1, 1],
-                         num_labels=CLASSES, drop_path_rate=0.0)
+                         num_labels=CLASSES, problem_type=SINGLE, drop_path_rate=0.0)
     return _build(ConvNextForImageClassification, cfg), {"pixel_values": _images(), "labels": _class_labels()}
 
 
@@ -157,7 +160,7 @@ def swin():
     from transformers import SwinConfig, SwinForImageClassification
 
     cfg = SwinConfig(image_size=IMAGE, patch_size=4, num_channels=3, embed_dim=16, depths=[1, 1],
-                     num_heads=[2, 4], window_size=4, mlp_ratio=2.0, num_labels=CLASSES,
+                     num_heads=[2, 4], window_size=4, mlp_ratio=2.0, num_labels=CLASSES, problem_type=SINGLE,
                      hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, drop_path_rate=0.0)
     return _build(SwinForImageClassification, cfg), {"pixel_values": _images(), "labels": _class_labels()}
 
