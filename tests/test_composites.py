@@ -133,6 +133,9 @@ def check_against_float64(name, dtype, shape, variant, contiguous=True, expect_c
         err = rel_error(a, b)
         assert err < REL_ERROR[dtype], f"{name} output {i}: relative error {err:.2e} >= {REL_ERROR[dtype]:.0e}"
     used = sum(p.composites for p in boo_backend.placements())
+    # A node whose one result is empty computes nothing: boo folds it to an empty tensor.
+    if len(ref) == 1 and ref[0].numel() == 0:
+        expect_composite = False
     assert used == (1 if expect_composite else 0), [p.line() for p in boo_backend.placements()]
 
 
