@@ -1,6 +1,6 @@
 """One AOTAutograd graph, compiled per concrete input shape and run through IREE.
 
-Imports partition, lower, compile, runtime, cache and config from boo_backend.
+Imports partition, lower, diagnose, compile, runtime, cache and config from boo_backend.
 """
 
 from __future__ import annotations
@@ -8,7 +8,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import operator
-import re
 import warnings
 
 import torch
@@ -20,6 +19,7 @@ from .compile import (
     BooCompileError, Target, compile_flags, compile_mlir, parse_target, target_for_device, unconverted_ops,
 )
 from .config import BooError, BooFallbackWarning, BooStrictError, Options
+from .diagnose import Unlowerable, failing_ops, first_error, unlinked_ops
 from .embed import mlir_op_name
 from .lower import Lowered, lower, unregistered_ops
 from .partition import (
@@ -62,72 +62,6 @@ class Placement:
         if self.recovered:
             text += " (compile failed; whole graph ran in eager PyTorch)"
         return text
-
-
-class _Unlowerable(Exception):
-    """The compiler rejected these torch-mlir op names. `final`: a decomposition would not
-    help (the target lacks a math function the op needs), so they go straight to islands."""
-
-    def __init__(self, names: set[str], final: bool = False):
-        super().__init__(", ".join(sorted(names)))
-        self.names = names
-        self.final = final
-
-
-_OP_LINE = re.compile(r"^\s*(?P<results>%[\w, %]+?)\s*=\s*(?P<op>torch\.[\w.]+)")
-_ATEN = re.compile(r"^torch\.(aten|prims)\.")
-
-
-def _unlinked_ops(err: BooCompileError, lines: list[str]) -> set[str]:
-    """A link error ("undefined symbol: sin") comes from a math function the CPU runtime lacks
-    (IREE has no f64 `sin`, `exp`, ...). It points at the root op of the dispatch, so look at
-    that op and its producers: those named after the symbol, else those computing in f64."""
-    symbols = set(re.findall(r"undefined symbol: (\w+)", err.diagnostics))
-    if not symbols:
-        return set()
-    defs = {v: i for i, line in enumerate(lines) if (m := _OP_LINE.match(line))
-            for v in re.findall(r"%[\w]+", m.group("results"))}
-    todo = [n - 1 for n in err.failing_lines() if 0 < n <= len(lines)]
-    ops: dict[str, str] = {}
-    seen: set[int] = set()
-    while todo:
-        i = todo.pop()
-        if i in seen:
-            continue
-        seen.add(i)
-        m = _OP_LINE.match(lines[i])
-        if m and _ATEN.match(m.group("op")):
-            ops[m.group("op")] = lines[i]
-        operands = lines[i].split("=", 1)[-1].split(":", 1)[0]
-        todo.extend(defs[v] for v in re.findall(r"%[\w]+", operands) if v in defs)
-    stems = {sym.rstrip("f") for sym in symbols}
-    named = {op for op in ops if any(stem in op.split(".")[2] for stem in stems)}
-    return named or {op for op, line in ops.items() if "f64" in line}
-
-
-def _failing_ops(err: BooCompileError) -> set[str]:
-    """ATen op names behind the lines the compiler complained about. A complaint about a
-    constant or a list means its user was left unconverted, so follow the value to it."""
-    lines = err.mlir.splitlines()
-    names: set[str] = set()
-    todo = [n - 1 for n in err.failing_lines() if 0 < n <= len(lines)]
-    seen: set[int] = set()
-    while todo:
-        i = todo.pop()
-        if i in seen:
-            continue
-        seen.add(i)
-        names.update(unregistered_ops(lines[i]))
-        m = _OP_LINE.match(lines[i])
-        if not m:
-            continue
-        if _ATEN.match(m.group("op")):
-            names.add(m.group("op"))
-            continue
-        for value in re.findall(r"%[\w]+", m.group("results")):
-            use = re.compile(re.escape(value) + r"\b")
-            todo.extend(j for j in range(i + 1, len(lines)) if use.search(lines[j].split("=", 1)[-1]))
-    return names
 
 
 def _output_metas(gm: fx.GraphModule, shapes: bool = True) -> list:
@@ -184,15 +118,6 @@ def _restrided(r: torch.Tensor, shape, stride) -> torch.Tensor:
     compact = r[tuple(slice(0, k) for k in kept)]
     out = torch.empty_strided(kept, stride, dtype=r.dtype, device=r.device).copy_(compact)
     return out if kept == list(shape) else out.as_strided(shape, stride)
-
-
-def _first_error(e: Exception) -> str:
-    """One line for a warning: the compiler's first error, or the exception's first line."""
-    if isinstance(e, BooCompileError):
-        line = next((ln for ln in e.diagnostics.splitlines() if "error" in ln), "").strip()
-        return f"iree-compile: {line or 'failed'}"
-    text = str(e).strip().splitlines()
-    return f"{type(e).__name__}: {text[0] if text else ''}"
 
 
 class IreePart(torch.nn.Module):
@@ -282,7 +207,7 @@ class CompiledGraph:
         except BooStrictError:
             raise
         except Exception as e:  # anything the compiler stack throws that we cannot attribute
-            what = f"{self.kind} graph {name} failed to compile: {_first_error(e)}"
+            what = f"{self.kind} graph {name} failed to compile: {first_error(e)}"
             if self.opts.strict:
                 raise BooStrictError(
                     f"boo strict: {what}. Unset BOO_STRICT to run this graph in eager PyTorch, "
@@ -351,7 +276,7 @@ class CompiledGraph:
         while True:
             try:
                 return self._assemble(args, plan, dump)
-            except _Unlowerable as e:
+            except Unlowerable as e:
                 changed = False
                 for op in sorted(e.names):
                     if op not in plan.decompose and not e.final:
@@ -422,15 +347,15 @@ class CompiledGraph:
             return IreePart(lowered, None)
         bad = unregistered_ops(lowered.mlir)
         if bad:
-            raise _Unlowerable(set(bad))
+            raise Unlowerable(set(bad))
         try:
             vmfb = compile_mlir(lowered.mlir, target, self.cache, self.opts.compile_timeout)
         except BooCompileError as e:
-            unlinked = _unlinked_ops(e, e.mlir.splitlines())
-            names = unlinked or _failing_ops(e) or unconverted_ops(lowered.mlir, target)
+            unlinked = unlinked_ops(e, e.mlir.splitlines())
+            names = unlinked or failing_ops(e) or unconverted_ops(lowered.mlir, target)
             log.debug("boo: iree-compile rejected %s in %s:\n%s", names or "?", self.name, e.diagnostics)
             if names:
-                raise _Unlowerable(names, final=bool(unlinked)) from e
+                raise Unlowerable(names, final=bool(unlinked)) from e
             raise
         if dump:
             write_atomic(dump / f"{part}.vmfb", vmfb)

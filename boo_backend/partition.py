@@ -1,6 +1,6 @@
 """Decide where each node of a graph runs, and reshape the graph to match.
 
-Imports embed (for op names) and decompositions; nothing from compile or runtime.
+Imports embed (for op names), decompositions and rewrites; nothing from compile or runtime.
 
 Fallback order for a node that the composites did not take:
   1. torch-mlir's own lowering (inside IREE's torch input pipeline);
@@ -22,7 +22,8 @@ from torch._decomp import get_decompositions
 from torch.fx.experimental.proxy_tensor import disable_proxy_modes_tracing, make_fx
 from torch.fx.passes.split_module import split_module
 
-from .decompositions import FALLBACK, PRE_LOWERING, needs_pre_lowering
+from .decompositions import FALLBACK
+from .rewrites import PRE_LOWERING, needs_pre_lowering
 from .embed import mlir_op_name
 
 

@@ -1,0 +1,86 @@
+"""What a failed compile says: which ATen ops it names, and one line for a warning.
+
+Imports compile (for BooCompileError) and lower (for unregistered_ops) from boo_backend.
+"""
+
+from __future__ import annotations
+
+import re
+
+from .compile import BooCompileError
+from .lower import unregistered_ops
+
+
+class Unlowerable(Exception):
+    """The compiler rejected these torch-mlir op names. `final`: a decomposition would not
+    help (the target lacks a math function the op needs), so they go straight to islands."""
+
+    def __init__(self, names: set[str], final: bool = False):
+        super().__init__(", ".join(sorted(names)))
+        self.names = names
+        self.final = final
+
+
+_OP_LINE = re.compile(r"^\s*(?P<results>%[\w, %]+?)\s*=\s*(?P<op>torch\.[\w.]+)")
+_ATEN = re.compile(r"^torch\.(aten|prims)\.")
+
+
+def unlinked_ops(err: BooCompileError, lines: list[str]) -> set[str]:
+    """A link error ("undefined symbol: sin") comes from a math function the CPU runtime lacks
+    (IREE has no f64 `sin`, `exp`, ...). It points at the root op of the dispatch, so look at
+    that op and its producers: those named after the symbol, else those computing in f64."""
+    symbols = set(re.findall(r"undefined symbol: (\w+)", err.diagnostics))
+    if not symbols:
+        return set()
+    defs = {v: i for i, line in enumerate(lines) if (m := _OP_LINE.match(line))
+            for v in re.findall(r"%[\w]+", m.group("results"))}
+    todo = [n - 1 for n in err.failing_lines() if 0 < n <= len(lines)]
+    ops: dict[str, str] = {}
+    seen: set[int] = set()
+    while todo:
+        i = todo.pop()
+        if i in seen:
+            continue
+        seen.add(i)
+        m = _OP_LINE.match(lines[i])
+        if m and _ATEN.match(m.group("op")):
+            ops[m.group("op")] = lines[i]
+        operands = lines[i].split("=", 1)[-1].split(":", 1)[0]
+        todo.extend(defs[v] for v in re.findall(r"%[\w]+", operands) if v in defs)
+    stems = {sym.rstrip("f") for sym in symbols}
+    named = {op for op in ops if any(stem in op.split(".")[2] for stem in stems)}
+    return named or {op for op, line in ops.items() if "f64" in line}
+
+
+def failing_ops(err: BooCompileError) -> set[str]:
+    """ATen op names behind the lines the compiler complained about. A complaint about a
+    constant or a list means its user was left unconverted, so follow the value to it."""
+    lines = err.mlir.splitlines()
+    names: set[str] = set()
+    todo = [n - 1 for n in err.failing_lines() if 0 < n <= len(lines)]
+    seen: set[int] = set()
+    while todo:
+        i = todo.pop()
+        if i in seen:
+            continue
+        seen.add(i)
+        names.update(unregistered_ops(lines[i]))
+        m = _OP_LINE.match(lines[i])
+        if not m:
+            continue
+        if _ATEN.match(m.group("op")):
+            names.add(m.group("op"))
+            continue
+        for value in re.findall(r"%[\w]+", m.group("results")):
+            use = re.compile(re.escape(value) + r"\b")
+            todo.extend(j for j in range(i + 1, len(lines)) if use.search(lines[j].split("=", 1)[-1]))
+    return names
+
+
+def first_error(e: Exception) -> str:
+    """One line for a warning: the compiler's first error, or the exception's first line."""
+    if isinstance(e, BooCompileError):
+        line = next((ln for ln in e.diagnostics.splitlines() if "error" in ln), "").strip()
+        return f"iree-compile: {line or 'failed'}"
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {text[0] if text else ''}"

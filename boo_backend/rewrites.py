@@ -1,0 +1,291 @@
+"""Pre-lowering rewrites: ATen calls that IREE 3.13 or torch-mlir get wrong, compile forever,
+or crash on, rewritten into ATen calls they get right. A leaf: imports nothing from boo_backend.
+
+Each entry of PRE_LOWERING returns NotImplemented for the calls it leaves alone, because
+make_fx applies the whole table once `needs_pre_lowering` says that some call needs it.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+
+import torch
+
+aten = torch.ops.aten
+
+
+def _two_stage_reduction(op):
+    """`op` over all dims of a rank>=2 tensor, as rows first, then the row results.
+
+    IREE 3.13's CPU codegen fails ('vector.contract' op invalid accumulator/result vector
+    shape) when a broadcasting elementwise op feeds a reduction to a 0-d result. Reducing the
+    rows first also spreads the work over threads, where one 0-d reduction runs on one.
+    Rows have equal length, so this holds for mean as well as for sum."""
+
+    def rewrite(x, dims=None, keepdim=False, *, dtype=None):
+        rank = x.dim()
+        if rank < 2 or (dims and len({d % rank for d in dims}) != rank):
+            return NotImplemented
+        rows = aten.reshape.default(x, [-1, x.shape[-1]])
+        out = op(op(rows, [1], dtype=dtype), [0])
+        return aten.reshape.default(out, [1] * rank) if keepdim else out
+
+    return rewrite
+
+
+def _over_a_vector(op, tensors: int):
+    """`op` (softmax family: `tensors` tensor arguments, then dim) on 0-d tensors, computed on
+    one-element vectors. IREE 3.13 never finishes compiling a softmax over a 0-d tensor."""
+
+    def rewrite(*args):
+        if args[0].dim() != 0:
+            return NotImplemented
+        vectors = [aten.reshape.default(t, [1]) for t in args[:tensors]]
+        return aten.reshape.default(op(*vectors, 0, *args[tensors + 1:]), [])
+
+    return rewrite
+
+
+_NESTED = threading.local()
+
+
+def _negative(t):
+    """t < 0, counting -0.0 (whose reciprocal is -inf)."""
+    return aten.logical_or.default(
+        aten.lt.Scalar(t, 0), aten.logical_and.default(aten.eq.Scalar(t, 0), aten.lt.Scalar(aten.reciprocal.default(t), 0))
+    )
+
+
+def _atan2(y, x):
+    """atan2 from its y >= 0 half: IREE 3.13's f32 approximation gets signs wrong (atan2(-1,
+    -inf) gives +pi) and returns NaN for atan2(±0, ±0) and atan2(±inf, ±inf)."""
+    if getattr(_NESTED, "atan2", False):
+        return NotImplemented
+    dtype = torch.result_type(y, x)
+    if not dtype.is_floating_point:
+        dtype = torch.get_default_dtype()
+    if dtype == torch.float64:  # computed exactly (by an island: IREE's CPU target has no f64 atan2)
+        return NotImplemented
+    y, x = y.to(dtype), x.to(dtype)
+    _NESTED.atan2 = True
+    try:
+        r = aten.atan2.default(aten.abs.default(y), x)
+    finally:
+        _NESTED.atan2 = False
+    x_neg = _negative(x)
+    zero = aten.logical_and.default(aten.eq.Scalar(y, 0), aten.eq.Scalar(x, 0))
+    both_inf = aten.logical_and.default(aten.isinf.default(y), aten.isinf.default(x))
+    pi = math.pi
+    special = aten.where.self(zero, aten.mul.Tensor(x_neg, pi), aten.add.Tensor(aten.mul.Tensor(x_neg, pi / 2), pi / 4))
+    r = aten.where.self(aten.logical_or.default(zero, both_inf), special.to(dtype), r)
+    r = aten.where.self(_negative(y), aten.neg.default(r), r)
+    nan = aten.logical_or.default(aten.isnan.default(y), aten.isnan.default(x))
+    return aten.where.self(nan, aten.add.Tensor(y, x), r)
+
+
+_HALF = (torch.float16, torch.bfloat16)
+
+
+def _accumulate_in_f32(op, has_dtype: bool = True):
+    """`op` (a reduction or scan) on f16/bf16 computed in f32 and rounded once at the end, as
+    eager does on the CPU; in the input's type, a long sum loses its low bits or overflows."""
+
+    def rewrite(x, *args, **kwargs):
+        if x.dtype not in _HALF or kwargs.get("dtype") is not None:
+            return NotImplemented
+        if has_dtype:
+            out = op(x, *args, **{**kwargs, "dtype": torch.float32})
+        else:
+            out = op(aten._to_copy.default(x, dtype=torch.float32), *args, **kwargs)
+        return aten._to_copy.default(out, dtype=x.dtype)
+
+    return rewrite
+
+
+def _floor_divide(a, b, *, rounding_mode=None):
+    """Integer floor division from truncating division, which IREE computes exactly;
+    torch-mlir's floor lowering goes through f64 and is wrong beyond 2^53. A zero divisor
+    (an error in eager) gives 0 instead of a hardware trap."""
+    if rounding_mode != "floor" or torch.result_type(a, b).is_floating_point or torch.result_type(a, b) == torch.bool:
+        return NotImplemented
+    dtype = torch.result_type(a, b)
+    b = b if isinstance(b, torch.Tensor) else torch.scalar_tensor(b, dtype=dtype, device=a.device)
+    a, b = a.to(dtype), b.to(dtype)
+    safe = aten.where.self(aten.eq.Scalar(b, 0), aten.ones_like.default(b), b)
+    q = aten.div.Tensor_mode(a, safe, rounding_mode="trunc")
+    r = aten.sub.Tensor(a, aten.mul.Tensor(q, safe))
+    fix = aten.logical_and.default(aten.ne.Scalar(r, 0), aten.ne.Tensor(aten.lt.Scalar(r, 0), aten.lt.Scalar(safe, 0)))
+    return aten.sub.Tensor(q, fix.to(dtype))
+
+
+def _int_fmod(a, b):
+    """Integer fmod (the remainder of truncating division), which torch-mlir cannot lower."""
+    dtype = torch.result_type(a, b)
+    if dtype.is_floating_point or dtype == torch.bool:
+        return NotImplemented
+    b = b if isinstance(b, torch.Tensor) else torch.scalar_tensor(b, dtype=dtype, device=a.device)
+    a, b = a.to(dtype), b.to(dtype)
+    safe = aten.where.self(aten.eq.Scalar(b, 0), aten.ones_like.default(b), b)
+    return aten.sub.Tensor(a, aten.mul.Tensor(aten.div.Tensor_mode(a, safe, rounding_mode="trunc"), safe))
+
+
+def _index_put_mask(x, indices, values, accumulate=False):
+    """`x[mask] = values` (or `+=`) with one boolean mask over x's leading dims, as a `where`:
+    torch-mlir's lowering goes through nonzero(), whose size depends on the data, and IREE
+    crashes on an all-False mask. Values that have a row per True element (a size known only
+    at run time) are left alone."""
+    if len(indices) != 1 or indices[0] is None or indices[0].dtype != torch.bool:
+        return NotImplemented
+    mask = indices[0]
+    rest = x.dim() - mask.dim()
+    if values.dim() > rest or tuple(mask.shape) != tuple(x.shape[: mask.dim()]):
+        return NotImplemented
+    mask = aten.reshape.default(mask, [*mask.shape] + [1] * rest)
+    values = aten.expand.default(values.to(x.dtype), list(x.shape))
+    if accumulate:
+        return aten.add.Tensor(x, aten.where.self(mask, values, aten.zeros_like.default(values)))
+    return aten.where.self(mask, values, x)
+
+
+def _crop_negative_pads(x, pad, value=0.0):
+    """constant_pad_nd with negative pads (crops) as a slice, then the non-negative pads:
+    torch-mlir's lowering fills the whole result with the pad value."""
+    if all(p >= 0 for p in pad):
+        return NotImplemented
+    for i in range(len(pad) // 2):
+        dim, left, right = x.dim() - 1 - i, pad[2 * i], pad[2 * i + 1]
+        size = x.shape[dim]
+        x = aten.slice.Tensor(x, dim, max(-left, 0), size - max(-right, 0))
+    return aten.constant_pad_nd.default(x, [max(p, 0) for p in pad], value)
+
+
+def _var_of_nothing(op):
+    """var/std over zero elements is NaN (0/0 in eager); IREE's lowering gives -0.0."""
+
+    def rewrite(x, dim=None, *, correction=None, keepdim=False):
+        dims = range(x.dim()) if dim is None or len(dim) == 0 else dim
+        count = 1
+        for d in dims:
+            count *= x.shape[d]
+        if count != 0:
+            return NotImplemented
+        return aten.mul.Tensor(aten.sum.dim_IntList(x, list(dims), keepdim), float("nan"))
+
+    return rewrite
+
+
+def _empty_contraction(op):
+    """mm/bmm/addmm over a zero-length inner dim: zeros (plus beta * self for addmm).
+    IREE 3.13's compiler fails on a contraction over nothing."""
+
+    def rewrite(*args, beta=1, alpha=1):
+        a, b = args[-2], args[-1]
+        if a.shape[-1] != 0:
+            return NotImplemented
+        out = aten.full.default([*a.shape[:-1], b.shape[-1]], 0, dtype=a.dtype, device=a.device)
+        if op is aten.addmm.default and beta != 0:
+            out = aten.add.Tensor(out, aten.mul.Tensor(args[0], beta))
+        return out
+
+    return rewrite
+
+
+def _contracts_nothing(*args, **kwargs) -> bool:
+    return args[-1].dim() >= 2 and args[-2].shape[-1] == 0
+
+
+def _first_of(*rewrites):
+    def rewrite(*args, **kwargs):
+        for r in rewrites:
+            out = r(*args, **kwargs)
+            if out is not NotImplemented:
+                return out
+        return NotImplemented
+
+    return rewrite
+
+
+def _is_half(x, *args, **kwargs) -> bool:
+    return isinstance(x, torch.Tensor) and x.dtype in _HALF and kwargs.get("dtype") is None
+
+
+def _is_full(x, dims=None, *args, **kwargs) -> bool:
+    return is_full_reduction(x, dims) or _is_half(x, **kwargs)
+
+
+def _is_0d(x, *args, **kwargs) -> bool:
+    return isinstance(x, torch.Tensor) and x.dim() == 0
+
+
+def _has_bool_index(x, indices, *args, **kwargs) -> bool:
+    return any(i is not None and i.dtype == torch.bool for i in indices)
+
+
+def _negative_pad(x, pad, *args, **kwargs) -> bool:
+    return any(p < 0 for p in pad)
+
+
+def _reduces_nothing(x, dim=None, *args, **kwargs) -> bool:
+    dims = range(x.dim()) if dim is None or len(dim) == 0 else dim
+    return any(x.shape[d] == 0 for d in dims)
+
+
+def _is_int(a, b, **kwargs) -> bool:
+    dtype = torch.result_type(a, b)
+    return not dtype.is_floating_point and dtype != torch.bool
+
+
+def _is_int_floor(a, b, *, rounding_mode=None) -> bool:
+    return rounding_mode == "floor" and _is_int(a, b)
+
+
+# op: (when a call needs the rewrite, the rewrite). Each rewrite also returns NotImplemented
+# for calls it leaves alone, because make_fx applies the whole table once any call needs it.
+_REWRITES = {
+    aten.atan2.default: (lambda *a, **k: True, _atan2),
+    aten.div.Tensor_mode: (_is_int_floor, _floor_divide),
+    aten.div.Scalar_mode: (_is_int_floor, _floor_divide),
+    aten.fmod.Tensor: (_is_int, _int_fmod),
+    aten.fmod.Scalar: (_is_int, _int_fmod),
+    aten.sum.dim_IntList: (_is_full, _first_of(
+        _accumulate_in_f32(aten.sum.dim_IntList), _two_stage_reduction(aten.sum.dim_IntList))),
+    aten.sum.default: (_is_full, _first_of(
+        _accumulate_in_f32(aten.sum.default), _two_stage_reduction(aten.sum.dim_IntList))),
+    aten.mean.dim: (_is_full, _first_of(
+        _accumulate_in_f32(aten.mean.dim), _two_stage_reduction(aten.mean.dim))),
+    aten.mean.default: (_is_full, _first_of(
+        _accumulate_in_f32(aten.mean.default), _two_stage_reduction(aten.mean.dim))),
+    aten.linalg_vector_norm.default: (_is_half, _accumulate_in_f32(aten.linalg_vector_norm.default)),
+    aten.prod.default: (_is_half, _accumulate_in_f32(aten.prod.default)),
+    aten.prod.dim_int: (_is_half, _accumulate_in_f32(aten.prod.dim_int)),
+    aten.cumsum.default: (_is_half, _accumulate_in_f32(aten.cumsum.default)),
+    aten.var.correction: (lambda *a, **k: _is_half(*a, **k) or _reduces_nothing(*a, **k), _first_of(
+        _var_of_nothing(aten.var.correction), _accumulate_in_f32(aten.var.correction, has_dtype=False))),
+    aten.std.correction: (_reduces_nothing, _var_of_nothing(aten.std.correction)),
+    aten.avg_pool2d.default: (_is_half, _accumulate_in_f32(aten.avg_pool2d.default, has_dtype=False)),
+    aten.index_put.default: (_has_bool_index, _index_put_mask),
+    aten.mm.default: (_contracts_nothing, _empty_contraction(aten.mm.default)),
+    aten.bmm.default: (_contracts_nothing, _empty_contraction(aten.bmm.default)),
+    aten.addmm.default: (_contracts_nothing, _empty_contraction(aten.addmm.default)),
+    aten.constant_pad_nd.default: (_negative_pad, _crop_negative_pads),
+    aten._softmax.default: (_is_0d, _over_a_vector(aten._softmax.default, 1)),
+    aten._log_softmax.default: (_is_0d, _over_a_vector(aten._log_softmax.default, 1)),
+    aten._softmax_backward_data.default: (_is_0d, _over_a_vector(aten._softmax_backward_data.default, 2)),
+    aten._log_softmax_backward_data.default: (_is_0d, _over_a_vector(aten._log_softmax_backward_data.default, 2)),
+}
+PRE_LOWERING = {op: rewrite for op, (_, rewrite) in _REWRITES.items()}
+
+
+def needs_pre_lowering(op, args: tuple, kwargs: dict) -> bool:
+    """Whether the PRE_LOWERING entry of `op` rewrites a call with these arguments (tensor
+    values); make_fx only applies the table when some node needs it."""
+    entry = _REWRITES.get(op)
+    return entry is not None and bool(args) and entry[0](*args, **kwargs)
+
+
+def is_full_reduction(x, dims) -> bool:
+    """Whether a PRE_LOWERING reduction of `x` (a tensor value) over `dims` would be rewritten."""
+    if not isinstance(x, torch.Tensor) or x.dim() < 2:
+        return False
+    return not dims or len({d % x.dim() for d in dims}) == x.dim()
