@@ -24,6 +24,8 @@ log = logging.getLogger("boo_backend")
 rt._binding.disable_leak_checker()
 
 _ALIGN = 64  # IREE's heap buffers must start on a 64-byte boundary.
+# The first call snapshots the arguments it passes zero-copy, up to this many bytes in all.
+_SNAPSHOT_LIMIT = 256 << 20
 _DLPACK_DEVICE = {"cpu": 1, "cuda": 2, "hip": 10}
 
 
@@ -116,6 +118,11 @@ class IreeFunction:
 
     def _first_call(self, tensors, passed, spans, num_results):
         zero_copy = [i for i, (t, p) in enumerate(zip(tensors, passed)) if t is p]
+        size = sum(tensors[i].numel() * tensors[i].element_size() for i in zero_copy)
+        if size > _SNAPSHOT_LIMIT:  # a large model's weights: rely on `writes` alone
+            log.debug("boo: %s passes %d MB zero-copy; skipping the first-call write check",
+                      self.graph, size >> 20)
+            zero_copy = []
         before = {i: tensors[i].clone() for i in zero_copy}
         results = self._invoke(tensors, passed, spans, num_results)
         written = {i for i in zero_copy if not _same_bits(before[i], tensors[i])}
