@@ -25,6 +25,21 @@ _OP_LINE = re.compile(r"^\s*(?P<results>%[\w, %]+?)\s*=\s*(?P<op>torch\.[\w.]+)"
 _ATEN = re.compile(r"^torch\.(aten|prims)\.")
 
 
+def _walk(start: list[int], step) -> list[int]:
+    """Line indices reached from `start`, where `step(i)` gives the lines next to line i."""
+    todo, seen = list(start), {}
+    while todo:
+        i = todo.pop()
+        if i not in seen:
+            seen[i] = None
+            todo.extend(step(i))
+    return list(seen)
+
+
+def _failing_lines(err: BooCompileError, lines: list[str]) -> list[int]:
+    return [n - 1 for n in err.failing_lines() if 0 < n <= len(lines)]
+
+
 def unlinked_ops(err: BooCompileError, lines: list[str]) -> set[str]:
     """A link error ("undefined symbol: sin") comes from a math function the CPU runtime lacks
     (IREE has no f64 `sin`, `exp`, ...). It points at the root op of the dispatch, so look at
@@ -34,19 +49,16 @@ def unlinked_ops(err: BooCompileError, lines: list[str]) -> set[str]:
         return set()
     defs = {v: i for i, line in enumerate(lines) if (m := _OP_LINE.match(line))
             for v in re.findall(r"%[\w]+", m.group("results"))}
-    todo = [n - 1 for n in err.failing_lines() if 0 < n <= len(lines)]
+
+    def producers(i: int) -> list[int]:
+        operands = lines[i].split("=", 1)[-1].split(":", 1)[0]
+        return [defs[v] for v in re.findall(r"%[\w]+", operands) if v in defs]
+
     ops: dict[str, str] = {}
-    seen: set[int] = set()
-    while todo:
-        i = todo.pop()
-        if i in seen:
-            continue
-        seen.add(i)
+    for i in _walk(_failing_lines(err, lines), producers):
         m = _OP_LINE.match(lines[i])
         if m and _ATEN.match(m.group("op")):
             ops[m.group("op")] = lines[i]
-        operands = lines[i].split("=", 1)[-1].split(":", 1)[0]
-        todo.extend(defs[v] for v in re.findall(r"%[\w]+", operands) if v in defs)
     stems = {sym.rstrip("f") for sym in symbols}
     named = {op for op in ops if any(stem in op.split(".")[2] for stem in stems)}
     return named or {op for op, line in ops.items() if "f64" in line}
@@ -56,24 +68,23 @@ def failing_ops(err: BooCompileError) -> set[str]:
     """ATen op names behind the lines the compiler complained about. A complaint about a
     constant or a list means its user was left unconverted, so follow the value to it."""
     lines = err.mlir.splitlines()
-    names: set[str] = set()
-    todo = [n - 1 for n in err.failing_lines() if 0 < n <= len(lines)]
-    seen: set[int] = set()
-    while todo:
-        i = todo.pop()
-        if i in seen:
-            continue
-        seen.add(i)
-        names.update(unregistered_ops(lines[i]))
+
+    def users(i: int) -> list[int]:
         m = _OP_LINE.match(lines[i])
-        if not m:
-            continue
-        if _ATEN.match(m.group("op")):
-            names.add(m.group("op"))
-            continue
+        if not m or _ATEN.match(m.group("op")):
+            return []
+        found = []
         for value in re.findall(r"%[\w]+", m.group("results")):
             use = re.compile(re.escape(value) + r"\b")
-            todo.extend(j for j in range(i + 1, len(lines)) if use.search(lines[j].split("=", 1)[-1]))
+            found.extend(j for j in range(i + 1, len(lines)) if use.search(lines[j].split("=", 1)[-1]))
+        return found
+
+    names: set[str] = set()
+    for i in _walk(_failing_lines(err, lines), users):
+        names.update(unregistered_ops(lines[i]))
+        m = _OP_LINE.match(lines[i])
+        if m and _ATEN.match(m.group("op")):
+            names.add(m.group("op"))
     return names
 
 
