@@ -92,6 +92,8 @@ def first_error(e: Exception) -> str:
     """One line for a warning: the compiler's first error, or the exception's first line."""
     if isinstance(e, BooCompileError):
         line = next((ln for ln in e.diagnostics.splitlines() if "error" in ln), "").strip()
+        if not line and "Stack dump" in e.diagnostics:
+            line = "the compiler crashed (stack dump in the debug log)"
         return f"iree-compile: {line or 'failed'}"
     text = str(e).strip().splitlines()
     return f"{type(e).__name__}: {text[0] if text else ''}"

@@ -234,6 +234,9 @@ def wrong_in_iree(node: fx.Node) -> bool:
         return True
     if torch.bool in dtypes and op in _BOOL_WRONG:
         return True
+    accumulate = len(node.args) > 3 and node.args[3]
+    if op in (aten.index_put.default, aten._index_put_impl_.default) and accumulate and torch.bool in dtypes:
+        return True  # True + True overflows i1 to False; eager's bool sum is a logical or
     unsigned = dtypes & set(_UNSIGNED)
     if not unsigned or op in _UNSIGNED_SAFE or op.is_view:
         return False

@@ -195,6 +195,18 @@ def _contracts_nothing(*args, **kwargs) -> bool:
     return args[-1].dim() >= 2 and args[-2].shape[-1] == 0
 
 
+def _positive_dim(op):
+    """`op` (x, dim, ...) with dim counted from the front: torch-mlir's scatter lowering
+    crashes iree-compile on a negative dim."""
+
+    def rewrite(x, dim, *args, **kwargs):
+        if dim >= 0:
+            return NotImplemented
+        return op(x, dim % max(x.dim(), 1), *args, **kwargs)
+
+    return rewrite
+
+
 def _first_of(*rewrites):
     def rewrite(*args, **kwargs):
         for r in rewrites:
@@ -229,6 +241,10 @@ def _negative_pad(x, pad, *args, **kwargs) -> bool:
 def _reduces_nothing(x, dim=None, *args, **kwargs) -> bool:
     dims = range(x.dim()) if dim is None or len(dim) == 0 else dim
     return any(x.shape[d] == 0 for d in dims)
+
+
+def _negative_dim(x, dim, *args, **kwargs) -> bool:
+    return dim < 0
 
 
 def _is_int(a, b, **kwargs) -> bool:
@@ -274,6 +290,10 @@ _REWRITES = {
     aten._softmax_backward_data.default: (_is_0d, _over_a_vector(aten._softmax_backward_data.default, 2)),
     aten._log_softmax_backward_data.default: (_is_0d, _over_a_vector(aten._log_softmax_backward_data.default, 2)),
 }
+for _op in (aten.scatter.src, aten.scatter.value, aten.scatter.reduce, aten.scatter.value_reduce,
+            aten.scatter_add.default, aten.scatter_reduce.two, aten.index_add.default,
+            aten.index_copy.default, aten.gather.default):
+    _REWRITES[_op] = (_negative_dim, _positive_dim(_op))
 PRE_LOWERING = {op: rewrite for op, (_, rewrite) in _REWRITES.items()}
 
 
