@@ -207,6 +207,24 @@ def _positive_dim(op):
     return rewrite
 
 
+def _binary_in_f32(op):
+    """Binary `op` on f16/bf16 computed in f32 and rounded once: torch-mlir expands fmod and
+    remainder into several half-precision steps (a - trunc(a / b) * b), each one rounding."""
+
+    def rewrite(a, b):
+        dtype = torch.result_type(a, b)
+        if dtype not in _HALF:
+            return NotImplemented
+        wide = [aten._to_copy.default(t, dtype=torch.float32) if isinstance(t, torch.Tensor) else t for t in (a, b)]
+        return aten._to_copy.default(op(*wide), dtype=dtype)
+
+    return rewrite
+
+
+def _is_half_result(a, b, *args, **kwargs) -> bool:
+    return torch.result_type(a, b) in _HALF
+
+
 def _first_of(*rewrites):
     def rewrite(*args, **kwargs):
         for r in rewrites:
@@ -262,8 +280,12 @@ _REWRITES = {
     aten.atan2.default: (lambda *a, **k: True, _atan2),
     aten.div.Tensor_mode: (_is_int_floor, _floor_divide),
     aten.div.Scalar_mode: (_is_int_floor, _floor_divide),
-    aten.fmod.Tensor: (_is_int, _int_fmod),
-    aten.fmod.Scalar: (_is_int, _int_fmod),
+    aten.fmod.Tensor: (lambda a, b: _is_int(a, b) or _is_half_result(a, b), _first_of(
+        _int_fmod, _binary_in_f32(aten.fmod.Tensor))),
+    aten.fmod.Scalar: (lambda a, b: _is_int(a, b) or _is_half_result(a, b), _first_of(
+        _int_fmod, _binary_in_f32(aten.fmod.Scalar))),
+    aten.remainder.Tensor: (_is_half_result, _binary_in_f32(aten.remainder.Tensor)),
+    aten.remainder.Scalar: (_is_half_result, _binary_in_f32(aten.remainder.Scalar)),
     aten.sum.dim_IntList: (_is_full, _first_of(
         _accumulate_in_f32(aten.sum.dim_IntList), _two_stage_reduction(aten.sum.dim_IntList))),
     aten.sum.default: (_is_full, _first_of(
