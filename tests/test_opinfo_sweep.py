@@ -21,7 +21,7 @@ As a script, for diagnosis (prints the table; exit status 1 when a sample is bad
     python tests/test_opinfo_sweep.py [--ops add,sort] [--dtypes float32,int64]
         [--samples 2] [--no-worker] [--verbose]
 
-Environment: BOO_OPINFO_SAMPLES (samples per op and dtype, default 2), BOO_OPINFO_HANG_S
+Environment: BOO_OPINFO_SAMPLES (samples per op and dtype, default 3), BOO_OPINFO_HANG_S
 (the HANG limit, default 60 s), BOO_OPINFO_REPORT (a file to write the summary table to).
 """
 
@@ -58,7 +58,7 @@ HANG_LIMIT_S = float(os.environ.get("BOO_OPINFO_HANG_S", "60"))
 KILL_GRACE_S = min(30.0, HANG_LIMIT_S)
 WORKER_START_S = 180
 
-SAMPLES_PER_DTYPE = int(os.environ.get("BOO_OPINFO_SAMPLES", "2"))
+SAMPLES_PER_DTYPE = int(os.environ.get("BOO_OPINFO_SAMPLES", "3"))
 # Samples with more elements than this in one tensor are not picked (if smaller ones exist).
 MAX_NUMEL = 4096
 SEED = 0
