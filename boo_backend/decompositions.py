@@ -25,11 +25,11 @@ def _flash_attention_cpu_backward(grad_out, q, k, v, out, logsumexp, dropout_p, 
     if dropout_p != 0.0 or not _grouped(q, k):
         return NotImplemented  # dropout masks are not reproduced here
     scale = scale if scale is not None else q.shape[-1] ** -0.5
-    f32 = torch.float32
-    qf, dof, of = (t.to(f32) for t in (q, grad_out, out))
-    kf, vf = (_repeat_heads(t.to(f32), q) for t in (k, v))
+    acc = _accumulation_dtype(q)
+    qf, dof, of = (t.to(acc) for t in (q, grad_out, out))
+    kf, vf = (_repeat_heads(t.to(acc), q) for t in (k, v))
     scores = _masked_scores(qf, kf, scale, is_causal, attn_mask)
-    probs = torch.exp(scores - logsumexp.to(f32).unsqueeze(-1))
+    probs = torch.exp(scores - logsumexp.to(acc).unsqueeze(-1))
     dv = torch.matmul(probs.transpose(-2, -1), dof)
     dprobs = torch.matmul(dof, vf.transpose(-2, -1))
     delta = (dof * of).sum(dim=-1, keepdim=True)
@@ -45,11 +45,18 @@ def _flash_attention_cpu(q, k, v, dropout_p=0.0, is_causal=False, *, attn_mask=N
     if dropout_p != 0.0 or not _grouped(q, k):
         return NotImplemented
     scale = scale if scale is not None else q.shape[-1] ** -0.5
-    f32 = torch.float32
-    scores = _masked_scores(q.to(f32), _repeat_heads(k.to(f32), q), scale, is_causal, attn_mask)
+    acc = _accumulation_dtype(q)
+    scores = _masked_scores(q.to(acc), _repeat_heads(k.to(acc), q), scale, is_causal, attn_mask)
     lse = torch.logsumexp(scores, dim=-1)
-    out = torch.matmul(torch.exp(scores - lse.unsqueeze(-1)), _repeat_heads(v.to(f32), q))
+    out = torch.matmul(torch.exp(scores - lse.unsqueeze(-1)), _repeat_heads(v.to(acc), q))
     return out.to(q.dtype), lse
+
+
+def _accumulation_dtype(q):
+    """The CPU flash kernel's (at::opmath_type): float32 for half types, else q's own dtype,
+    so float64 attention stays float64 and its log-sum-exp is float64, as the ATen backward
+    that may run in an eager island expects."""
+    return torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype
 
 
 def _grouped(q, k) -> bool:
@@ -173,6 +180,23 @@ def _as_strided_scatter(x, src, size, stride, storage_offset=None):
     return out.reshape(x.shape)
 
 
+def _weight_norm_interface_backward(grad_w, saved_v, saved_g, saved_norms, dim):
+    """Gradients of w = v * (g / ||v||), the norm over every dim but `dim` (the backward of
+    torch._weight_norm, as nn.utils.parametrizations.weight_norm uses it). torch._decomp has
+    no entry; this is ATen's own formula, accumulated in float32 for half types as its CPU
+    kernel does."""
+    dim = dim % saved_v.dim()
+    dtype = torch.float32 if saved_v.dtype in (torch.float16, torch.bfloat16) else saved_v.dtype
+    gw, v, g = grad_w.to(dtype), saved_v.to(dtype), saved_g.to(dtype)
+    shape = [s if d == dim else 1 for d, s in enumerate(v.shape)]
+    norms = saved_norms.to(dtype).reshape(shape)
+    others = [d for d in range(v.dim()) if d != dim]
+    sums = aten.sum.dim_IntList(gw * v, others, True) if others else gw * v
+    grad_v = (g.reshape(shape) / norms) * (gw - v * (sums / (norms * norms)))
+    grad_g = sums / norms
+    return grad_v.to(saved_v.dtype), grad_g.reshape(saved_g.shape).to(saved_g.dtype)
+
+
 # core ATen's entry for CPU flash attention saves the probabilities where its backward
 # expects the log-sum-exp, so training through it fails; this one saves the log-sum-exp.
 AOT = {
@@ -185,4 +209,5 @@ FALLBACK = {
     aten._scaled_dot_product_flash_attention_for_cpu_backward.default: _flash_attention_cpu_backward,
     aten.as_strided_scatter.default: _as_strided_scatter,
     aten.avg_pool2d_backward.default: _avg_pool2d_backward,
+    aten._weight_norm_interface_backward.default: _weight_norm_interface_backward,
 }

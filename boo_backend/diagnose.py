@@ -54,14 +54,25 @@ def unlinked_ops(err: BooCompileError, lines: list[str]) -> set[str]:
         operands = lines[i].split("=", 1)[-1].split(":", 1)[0]
         return [defs[v] for v in re.findall(r"%[\w]+", operands) if v in defs]
 
+    # The linker names the dispatch's line as ">>> referenced by <stdin>:N"; the compiler's
+    # own errors for a link failure point at line 1 (the module).
+    referenced = [int(n) - 1 for n in re.findall(r"referenced by <stdin>:(\d+)", err.diagnostics)]
+    start = [i for i in _failing_lines(err, lines) + referenced if 0 <= i < len(lines)]
     ops: dict[str, str] = {}
-    for i in _walk(_failing_lines(err, lines), producers):
+    for i in _walk(start, producers):
         m = _OP_LINE.match(lines[i])
         if m and _ATEN.match(m.group("op")):
             ops[m.group("op")] = lines[i]
     stems = {sym.rstrip("f") for sym in symbols}
     named = {op for op in ops if any(stem in op.split(".")[2] for stem in stems)}
-    return named or {op for op, line in ops.items() if "f64" in line}
+    if named:
+        return named
+    # No op on that walk is named after the symbol: the f64 ops of the module that are
+    # (tanh for "tanh", not every f64 op of the graph).
+    exact = symbols | {sym[:-1] for sym in symbols if sym.endswith("f")}
+    everywhere = {m.group("op") for line in lines if (m := _OP_LINE.match(line)) and _ATEN.match(m.group("op"))
+                  and "f64" in line and m.group("op").split(".")[2].split("_")[0] in exact}
+    return everywhere or {op for op, line in ops.items() if "f64" in line}
 
 
 def failing_ops(err: BooCompileError) -> set[str]:

@@ -148,6 +148,24 @@ def _index_put_mask(x, indices, values, accumulate=False):
     return aten.where.self(mask, values, x)
 
 
+def _index_put_wrapped(x, indices, values, accumulate=False):
+    """index_put with its integer indices made non-negative (i + size where i < 0), as eager
+    reads them: torch-mlir lowers index_put to a scatter that takes the indices as offsets,
+    so a negative one (`x[:, [-1]] = v`, or the backward of `x[:, [-1]]`) writes out of
+    bounds and the compiled module corrupts memory or crashes."""
+    if getattr(_NESTED, "index_put", False) or any(i is not None and i.dtype == torch.bool for i in indices):
+        return NotImplemented
+    wrapped = [
+        None if i is None else aten.where.self(aten.lt.Scalar(i, 0), aten.add.Scalar(i, x.shape[d]), i)
+        for d, i in enumerate(indices)
+    ]
+    _NESTED.index_put = True
+    try:
+        return aten.index_put.default(x, wrapped, values, accumulate)
+    finally:
+        _NESTED.index_put = False
+
+
 def _crop_negative_pads(x, pad, value=0.0):
     """constant_pad_nd with negative pads (crops) as a slice, then the non-negative pads:
     torch-mlir's lowering fills the whole result with the pad value."""
@@ -248,8 +266,8 @@ def _is_0d(x, *args, **kwargs) -> bool:
     return isinstance(x, torch.Tensor) and x.dim() == 0
 
 
-def _has_bool_index(x, indices, *args, **kwargs) -> bool:
-    return any(i is not None and i.dtype == torch.bool for i in indices)
+def _has_index(x, indices, *args, **kwargs) -> bool:
+    return any(i is not None for i in indices)
 
 
 def _negative_pad(x, pad, *args, **kwargs) -> bool:
@@ -302,7 +320,7 @@ _REWRITES = {
         _var_of_nothing(aten.var.correction), _accumulate_in_f32(aten.var.correction, has_dtype=False))),
     aten.std.correction: (_reduces_nothing, _var_of_nothing(aten.std.correction)),
     aten.avg_pool2d.default: (_is_half, _accumulate_in_f32(aten.avg_pool2d.default, has_dtype=False)),
-    aten.index_put.default: (_has_bool_index, _index_put_mask),
+    aten.index_put.default: (_has_index, _first_of(_index_put_mask, _index_put_wrapped)),
     aten.mm.default: (_contracts_nothing, _empty_contraction(aten.mm.default)),
     aten.bmm.default: (_contracts_nothing, _empty_contraction(aten.bmm.default)),
     aten.addmm.default: (_contracts_nothing, _empty_contraction(aten.addmm.default)),

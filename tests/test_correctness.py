@@ -289,3 +289,60 @@ def test_cache_directory_of_another_user_is_refused(tmp_path, caplog, monkeypatc
     monkeypatch.setattr(os, "getuid", lambda: me + 1)  # as seen by another user
     assert not CompileCache(directory).disk
     assert "belongs to another user" in caplog.text
+
+
+# -- found on architectures outside the zoo ------------------------------------------------
+
+
+def test_index_put_with_negative_indices():
+    """`x[:, [-2]]` reads wrap in eager, and so must the index_put of its backward (IREE's
+    scatter took -2 as an offset and wrote out of bounds)."""
+    x = torch.randn(2, 6, 8, requires_grad=True)
+    x2 = x.detach().clone().requires_grad_()
+    fn = lambda x: (x[:, [-2, 1], :] * 3).sum()  # noqa: E731
+    out = _compile(fn)(x)
+    out.backward()
+    ref = fn(x2)
+    ref.backward()
+    assert_close(out, ref, "sum")
+    assert_close(x.grad, x2.grad, "grad")
+    put = lambda x, v: torch.ops.aten.index_put(x, [torch.tensor([-1, 0])], v, True)  # noqa: E731
+    z, v = torch.randn(5, 3), torch.randn(2, 3)
+    assert_close(_compile(put)(z, v), put(z, v), "index_put")
+
+
+def test_weight_norm_backward():
+    torch.manual_seed(0)
+    v = torch.randn(6, 4, 3, requires_grad=True)
+    g = torch.randn(1, 1, 3, requires_grad=True)
+    c = torch.randn(6, 4, 3)
+    fn = lambda v, g: (torch._weight_norm(v, g, 2) * c).pow(2).sum()  # noqa: E731
+    v2, g2 = (t.detach().clone().requires_grad_() for t in (v, g))
+    _compile(fn)(v, g).backward()
+    fn(v2, g2).backward()
+    assert_close(v.grad, v2.grad, "dv")
+    assert_close(g.grad, g2.grad, "dg")
+
+
+def test_float64_attention_is_computed_in_float64():
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 4, 8, 16, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    refs = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    fn = lambda q, k, v: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)  # noqa: E731
+    out = _compile(fn)(q, k, v)
+    ref = fn(*refs)
+    assert_close(out, ref, "f64 attention")  # f64 tolerance: 1e-7 relative
+    out.sum().backward()
+    ref.sum().backward()
+    for name, a, b in zip("qkv", (q, k, v), refs):
+        assert_close(a.grad, b.grad, f"d{name}")
+
+
+def test_float64_tanh_alone_runs_in_eager(lenient):
+    lin = torch.nn.Linear(8, 8).double()
+    fn = lambda x: lin(torch.tanh(lin(x)))  # noqa: E731
+    x = torch.randn(4, 8, dtype=torch.float64)
+    assert_close(_compile(fn)(x), fn(x), "f64 tanh")
+    placement = boo_backend.placements()[-1]
+    assert placement.island_ops == ("torch.aten.tanh",), placement.line()
+    assert not placement.recovered
