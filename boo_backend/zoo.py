@@ -181,6 +181,35 @@ class SmallCNN(nn.Module):
         return types.SimpleNamespace(loss=logits.logsumexp(-1).mean(), logits=logits)
 
 
+def falcon():
+    """Multi-query attention; its fused QKV split reads `x[..., [-2], :]`, a negative index
+    whose backward is an index_put."""
+    from transformers import FalconConfig, FalconForCausalLM
+
+    cfg = FalconConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                       hidden_dropout=0.0, attention_dropout=0.0, new_decoder_architecture=False,
+                       multi_query=True)
+    return _causal_lm(FalconForCausalLM, cfg)
+
+
+def wav2vec2():
+    """Audio: a strided conv feature extractor and a weight-normed positional conv."""
+    from transformers import Wav2Vec2Config, Wav2Vec2ForSequenceClassification
+
+    cfg = Wav2Vec2Config(
+        vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+        intermediate_size=64, conv_dim=(16, 16), conv_stride=(5, 2), conv_kernel=(10, 3),
+        num_conv_pos_embeddings=8, num_conv_pos_embedding_groups=4, num_labels=CLASSES,
+        problem_type=SINGLE, hidden_dropout=0.0, attention_dropout=0.0, activation_dropout=0.0,
+        feat_proj_dropout=0.0, final_dropout=0.0, layerdrop=0.0, mask_time_prob=0.0,
+        classifier_proj_size=16, do_stable_layer_norm=False,
+    )
+    g = torch.Generator().manual_seed(1)
+    return _build(Wav2Vec2ForSequenceClassification, cfg), {
+        "input_values": torch.randn(BATCH, 400, generator=g), "labels": _class_labels()
+    }
+
+
 def cnn():
     torch.manual_seed(0)
     return SmallCNN(), {"pixel_values": _images(), "labels": _class_labels()}
@@ -199,4 +228,6 @@ MODELS: dict[str, Callable[[], tuple[nn.Module, dict]]] = {
     "resnet": resnet,
     "convnext": convnext,
     "swin": swin,
+    "falcon": falcon,
+    "wav2vec2": wav2vec2,
 }
