@@ -69,6 +69,25 @@ def _sweep_dead(body) -> None:
             op.erase()
 
 
+def schema_args(node: fx.Node) -> list:
+    """The node's arguments in schema order, keyword-only ones included (defaults filled in):
+    the order of the operands torch-mlir gives the op."""
+    schema = node.target._schema
+    args = list(node.args)
+    for arg in schema.arguments[len(args):]:
+        args.append(node.kwargs.get(arg.name, arg.default_value if arg.has_default_value() else None))
+    return args
+
+
+def _imported_name(op) -> str:
+    """The op's name as mlir_op_name gives it; torch-mlir imports an op outside its
+    registry (a torch.library custom op such as boo::rms_norm) as `torch.operator "name"`."""
+    name = op.operation.name
+    if name == "torch.operator":
+        return ir.StringAttr(op.attributes["name"]).value
+    return name
+
+
 def mlir_op_name(target) -> str | None:
     """The name torch-mlir gives an ATen OpOverload: aten.sum.dim_IntList -> torch.aten.sum.dim_IntList."""
     if not isinstance(target, torch._ops.OpOverload):
@@ -94,7 +113,7 @@ def embed(module: ir.Module, graph: fx.Graph) -> list[str]:
     with ctx, ir.Location.unknown():
         body = _main(module).regions[0].blocks[0]
         for op in list(body.operations):
-            pending = calls.get(op.operation.name)
+            pending = calls.get(_imported_name(op))
             if not pending:
                 continue
             node, call = pending.pop(0)
@@ -108,11 +127,11 @@ def embed(module: ir.Module, graph: fx.Graph) -> list[str]:
                     module.body.append(kop)
                     used[fname] = kop
             outs = node.meta["val"] if isinstance(node.meta["val"], (tuple, list)) else [node.meta["val"]]
-            operands = list(op.operands)
+            operands, node_args = list(op.operands), schema_args(node)
             with ir.InsertionPoint(op):
                 ins = [
                     ir.Operation.create(
-                        "torch_c.to_builtin_tensor", results=[_builtin(node.args[i].meta["val"])],
+                        "torch_c.to_builtin_tensor", results=[_builtin(node_args[i].meta["val"])],
                         operands=[operands[i]],
                     ).result
                     for i in call.arg_positions

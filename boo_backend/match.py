@@ -19,7 +19,7 @@ import torch.fx as fx
 from . import composites
 from .config import Options
 from .decompositions import AOT
-from .embed import META_KEY
+from .embed import META_KEY, schema_args
 
 log = logging.getLogger("boo_backend")
 
@@ -60,7 +60,7 @@ def _used_results(node: fx.Node, outs: list) -> set[int]:
 
 
 def _match_node(node: fx.Node, entry: composites.Composite, target: str) -> CompositeCall | str:
-    args = [_value(a) for a in node.args]
+    args = [_value(a) for a in schema_args(node)]  # keyword-only ones too, in schema order
     kwargs = {k: _value(v) for k, v in node.kwargs.items()}
     outs = _outs(node)
     reason = entry.accepts(args, kwargs, outs)

@@ -6,6 +6,7 @@ entry of the registry lacks a row or a template.
 
 import dataclasses
 import math
+import zlib
 from typing import Callable
 
 import pytest
@@ -111,9 +112,21 @@ def rel_error(ours, ref):
     return (ours.double() - ref).abs().max().item() / max(scale, 1e-30)
 
 
+def allowed_error(dtype, eager_err):
+    """The dtype's bound, loosened (at most 10x) where eager's own result at this dtype is
+    that far from float64: a sum of a few terms that cancel (layer norm's dbias over a
+    4x1 input) has a small result and a large relative rounding error in any order."""
+    return max(REL_ERROR[dtype], min(4 * eager_err, 10 * REL_ERROR[dtype]))
+
+
+def seed_for(*parts) -> int:
+    """A seed that is the same in every process (str hashes are salted per process)."""
+    return zlib.crc32(repr(parts).encode())
+
+
 def check_against_float64(name, dtype, shape, variant, contiguous=True, expect_composite=True):
     row = ROWS[name]
-    torch.manual_seed(hash((name, shape, str(variant))) % 2**31)
+    torch.manual_seed(seed_for(name, shape, variant))
     args, kwargs = row.make(shape, dtype, contiguous, variant)
     op = composites.by_name(name).op
 
@@ -123,15 +136,15 @@ def check_against_float64(name, dtype, shape, variant, contiguous=True, expect_c
     boo_backend.reset()
     ours = torch.compile(fn, backend="boo", dynamic=False)(*args)
     ref = op(*[_to64(a) for a in args], **kwargs)
-    ours = ours if isinstance(ours, (tuple, list)) else (ours,)
-    ref = ref if isinstance(ref, (tuple, list)) else (ref,)
-    for i, (a, b) in enumerate(zip(ours, ref)):
+    eager = op(*args, **kwargs)
+    ours, ref, eager = ((v if isinstance(v, (tuple, list)) else (v,)) for v in (ours, ref, eager))
+    for i, (a, b, e) in enumerate(zip(ours, ref, eager)):
         if b is None:
             assert a is None, f"output {i}: ours={a!r} | torch=None"
             continue
-        assert a.shape == b.shape and a.dtype == dtype, f"output {i}: ours={a.shape}/{a.dtype} | torch={b.shape}/{dtype}"
-        err = rel_error(a, b)
-        assert err < REL_ERROR[dtype], f"{name} output {i}: relative error {err:.2e} >= {REL_ERROR[dtype]:.0e}"
+        assert a.shape == b.shape and a.dtype == e.dtype, f"output {i}: ours={a.shape}/{a.dtype} | torch={b.shape}/{e.dtype}"
+        err, bound = rel_error(a, b), allowed_error(dtype, rel_error(e, b))
+        assert err < bound, f"{name} output {i}: relative error {err:.2e} >= {bound:.1e} (eager's: {rel_error(e, b):.1e})"
     used = sum(p.composites for p in boo_backend.placements())
     # A node whose one result is empty computes nothing: boo folds it to an empty tensor.
     if len(ref) == 1 and ref[0].numel() == 0:

@@ -13,7 +13,9 @@ An entry says, for a node of its op:
   2 input gradient, 4 weight gradient, 8 bias gradient), under its family name
   (`layer_norm` for native_layer_norm and native_layer_norm_backward);
 - `sample(shape, dtype, flags)`: random inputs (args, kwargs) for the driver and benchmarks.
-`args`/`kwargs` hold FakeTensors for tensors; `outs` the op's FakeTensor results.
+`args` is every argument in schema order (keyword-only ones too, defaults filled in), `kwargs`
+the node's keyword arguments; both hold FakeTensors for tensors; `outs` the op's FakeTensor
+results.
 """
 
 from __future__ import annotations
