@@ -44,6 +44,8 @@ class Composite:
     sample: Callable[..., tuple[list, dict]]
     canonical: Callable | None = None
     version: int = 1
+    # The driver's op name when the ATen name does not give it (`softmax` for _softmax).
+    family_name: str | None = None
 
     @property
     def name(self) -> str:
@@ -57,7 +59,7 @@ class Composite:
     @property
     def family(self) -> str:
         """The driver's op name: `layer_norm` for native_layer_norm(_backward)."""
-        return self.name.removeprefix("native_").removesuffix("_backward")
+        return self.family_name or self.name.removeprefix("native_").removesuffix("_backward")
 
 
 REGISTRY: dict[torch._ops.OpOverload, Composite] = {}
