@@ -1,0 +1,2 @@
+{#- _softmax: see _softmax_forward.mlir. -#}
+{% include "_softmax_forward.mlir" %}

@@ -1,0 +1,2 @@
+{#- _softmax_backward_data: see _softmax_backward.mlir. -#}
+{% include "_softmax_backward.mlir" %}

@@ -1,0 +1,90 @@
+{#- _softmax / _log_softmax on x[M, N, K] over N; included by _softmax.mlir and
+    _log_softmax.mlir, which set `log`. Params: M, N, K, log, dtype, out_dtype (f32 for
+    half_to_float). Loops run (M, K, N): the reduction innermost. Three passes over a row
+    (maximum, sum of exponentials, output) in one dispatch, in f32. -#}
+{% import "_helpers.mlir" as h with context %}
+{#- K == 1 (a reduction over the last dim) is written in 2-D: IREE vectorizes the innermost
+    dim, which must not be a unit one. -#}
+{% set SHAPE = [M, N] if K == 1 else [M, N, K] %}
+{% set X = h.tensor(SHAPE, dtype) %}
+{% set Y = h.tensor(SHAPE, out_dtype) %}
+{% set ROW = h.tensor([M] if K == 1 else [M, K], "f32") %}
+{% set XMAP = h.map(2) if K == 1 else h.map(3, [0, 2, 1]) %}
+{% set RMAP = h.map(2, [0]) if K == 1 else h.map(3, [0, 1]) %}
+{% set RED = '["parallel", "reduction"]' if K == 1 else '["parallel", "parallel", "reduction"]' %}
+{% set PAR = '["parallel", "parallel"]' if K == 1 else '["parallel", "parallel", "parallel"]' %}
+func.func private @{{ func_name }}(%x: {{ X }}) -> {{ Y }} {{ h.identity({"dim_size": N, "log": log, "out_dtype": out_dtype}) }} {
+{% if M * N * K == 0 %}
+  {#- Nothing to compute; IREE 3.13 crashes on reductions over zero rows. -#}
+  %out = tensor.empty() : {{ Y }}
+  return %out : {{ Y }}
+{% elif not log %}
+  {#- IREE's own softmax op: it forms one dispatch and codegen knows it. #}
+{% set XF = h.tensor(SHAPE, "f32") %}
+{% if dtype != "f32" %}
+  %xf_empty = tensor.empty() : {{ XF }}
+  %xf = linalg.generic {indexing_maps = [{{ h.map(SHAPE|length) }}, {{ h.map(SHAPE|length) }}], iterator_types = {{ PAR }}}
+      ins(%x : {{ X }}) outs(%xf_empty : {{ XF }}) {
+  ^bb0(%xin: {{ dtype }}, %unused: f32):
+    %w = arith.extf %xin : {{ dtype }} to f32
+    linalg.yield %w : f32
+  } -> {{ XF }}
+{% endif %}
+  %sm_empty = tensor.empty() : {{ XF }}
+  %sm = linalg.softmax dimension(1) ins({{ "%xf" if dtype != "f32" else "%x" }} : {{ XF }}) outs(%sm_empty : {{ XF }}) -> {{ XF }}
+{% if out_dtype != "f32" %}
+  %out_empty = tensor.empty() : {{ Y }}
+  %out = linalg.generic {indexing_maps = [{{ h.map(SHAPE|length) }}, {{ h.map(SHAPE|length) }}], iterator_types = {{ PAR }}}
+      ins(%sm : {{ XF }}) outs(%out_empty : {{ Y }}) {
+  ^bb0(%v: f32, %unused: {{ out_dtype }}):
+    %n = arith.truncf %v : f32 to {{ out_dtype }}
+    linalg.yield %n : {{ out_dtype }}
+  } -> {{ Y }}
+  return %out : {{ Y }}
+{% else %}
+  return %sm : {{ Y }}
+{% endif %}
+{% else %}
+  {% call h.dispatch_region("sm", ["%out"], [Y]) %}
+  %zero = arith.constant 0.0 : f32
+  %neg_inf = arith.constant 0xFF800000 : f32
+  %row_empty = tensor.empty() : {{ ROW }}
+  %row_zero = linalg.fill ins(%zero : f32) outs(%row_empty : {{ ROW }}) -> {{ ROW }}
+  %row_low = linalg.fill ins(%neg_inf : f32) outs(%row_empty : {{ ROW }}) -> {{ ROW }}
+  %max = linalg.generic {indexing_maps = [{{ XMAP }}, {{ RMAP }}], iterator_types = {{ RED }}}
+      ins(%x : {{ X }}) outs(%row_low : {{ ROW }}) {
+  ^bb0(%xin: {{ dtype }}, %m: f32):
+    {{ h.to_f32("xf", "xin", dtype) }}
+    %m1 = arith.maximumf %m, {{ h.f32ref("xf", "xin", dtype) }} : f32
+    linalg.yield %m1 : f32
+  } -> {{ ROW }}
+  %sum = linalg.generic {indexing_maps = [{{ XMAP }}, {{ RMAP }}, {{ RMAP }}], iterator_types = {{ RED }}}
+      ins(%x, %max : {{ X }}, {{ ROW }}) outs(%row_zero : {{ ROW }}) {
+  ^bb0(%xin: {{ dtype }}, %m: f32, %s: f32):
+    {{ h.to_f32("xf", "xin", dtype) }}
+    %d = arith.subf {{ h.f32ref("xf", "xin", dtype) }}, %m : f32
+    %e = math.exp %d : f32
+    %s1 = arith.addf %s, %e : f32
+    linalg.yield %s1 : f32
+  } -> {{ ROW }}
+  %out_empty = tensor.empty() : {{ Y }}
+  %out = linalg.generic {indexing_maps = [{{ XMAP }}, {{ RMAP }}, {{ RMAP }}, {{ XMAP }}], iterator_types = {{ PAR }}}
+      ins(%x, %max, %sum : {{ X }}, {{ ROW }}, {{ ROW }}) outs(%out_empty : {{ Y }}) {
+  ^bb0(%xin: {{ dtype }}, %m: f32, %s: f32, %unused: {{ out_dtype }}):
+    {{ h.to_f32("xf", "xin", dtype) }}
+    %d = arith.subf {{ h.f32ref("xf", "xin", dtype) }}, %m : f32
+{% if log %}
+    %ls = math.log %s : f32
+    %y = arith.subf %d, %ls : f32
+{% else %}
+    %e = math.exp %d : f32
+    %y = arith.divf %e, %s : f32
+{% endif %}
+    {{ h.from_f32("yn", "y", out_dtype) }}
+    linalg.yield {{ h.narrowref("yn", "y", out_dtype) }} : {{ out_dtype }}
+  } -> {{ Y }}
+  {% endcall %}
+
+  return %sm#0 : {{ Y }}
+{% endif %}
+}
