@@ -13,7 +13,7 @@ from torch._dynamo.backends.common import aot_autograd
 from torch._functorch import config as functorch_config
 from torch._functorch.partitioners import default_partition, min_cut_rematerialization_partition
 
-from . import composites, match
+from . import composites, match, patterns
 from .config import Options
 from .graph import CompiledGraph
 
@@ -27,6 +27,7 @@ def boo(gm: fx.GraphModule, example_inputs, options: dict | None = None, **kwarg
     opts = Options.resolve({**(options or {}), **kwargs})
     composites.disabled(opts.force_decompose)  # an unknown composite name fails here, early
     graph_id = next(_graph_ids)
+    gm = patterns.apply(gm, opts.force_decompose)
 
     def compiler(kind: str):
         def compile_graph(graph: fx.GraphModule, _example_inputs):

@@ -22,6 +22,7 @@ from torch._decomp import get_decompositions
 from torch.fx.experimental.proxy_tensor import disable_proxy_modes_tracing, make_fx
 from torch.fx.passes.split_module import split_module
 
+from . import composites
 from .decompositions import FALLBACK
 from .rewrites import PRE_LOWERING, needs_pre_lowering
 from .embed import mlir_op_name
@@ -157,15 +158,20 @@ def keep_strides(op, decomposition):
 
 
 def decomposition_table(names: set[str]) -> tuple[dict, set[str]]:
-    """Decompositions for the ops named in `names` (boo's own first, then torch._decomp);
-    also the names that have none."""
+    """Decompositions for the ops named in `names` (boo's own first, then a boo custom op's
+    reference, then torch._decomp); also the names that have none."""
     table: dict = {}
     missing: set[str] = set()
     for name in sorted(names):
         op = op_for_name(name)
         found = {}
         if op is not None:
-            found = {op: FALLBACK[op]} if op in FALLBACK else get_decompositions([op])
+            if op in FALLBACK:
+                found = {op: FALLBACK[op]}
+            elif op.namespace == "boo" and op in composites.REGISTRY:
+                found = {op: composites.REGISTRY[op].reference}
+            else:
+                found = get_decompositions([op])
         if found:
             table.update({o: keep_strides(o, fn) for o, fn in found.items()})
         else:

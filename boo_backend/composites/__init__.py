@@ -63,6 +63,9 @@ class Composite:
 
 
 REGISTRY: dict[torch._ops.OpOverload, Composite] = {}
+# Hand-written chains that patterns.py turns into these composites' ops (patterns.Pattern),
+# declared in the family modules next to their entries.
+PATTERNS: list = []
 
 
 def register(entry: Composite) -> Composite:
@@ -70,6 +73,11 @@ def register(entry: Composite) -> Composite:
         raise BooError(f"composite for {entry.op} registered twice")
     REGISTRY[entry.op] = entry
     return entry
+
+
+def register_pattern(pattern):
+    PATTERNS.append(pattern)
+    return pattern
 
 
 def by_name(name: str) -> Composite:
@@ -133,4 +141,4 @@ def common_decline(tensors: list, outs: list) -> str | None:
     return None
 
 
-from . import gelu, layer_norm, softmax  # noqa: E402,F401  (families register themselves)
+from . import gelu, layer_norm, rms_norm, softmax  # noqa: E402,F401  (families register themselves)

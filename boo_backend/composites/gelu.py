@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch._decomp import decomposition_table
 
-from . import ELEMENT_TYPES, Composite, common_decline, random_tensor, register
+from ..patterns import Pattern
+from . import ELEMENT_TYPES, Composite, common_decline, random_tensor, register, register_pattern
 
 aten = torch.ops.aten
 
@@ -59,3 +62,20 @@ register(Composite(
     flags=2,
     sample=_sample_backward,
 ))
+
+
+# -- pattern: the tanh formula written out (GPT-2's NewGELUActivation) ----------------------
+
+
+def _new_gelu(x):
+    return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * torch.pow(x, 3.0))))
+
+
+def _to_gelu_tanh(graph, inputs, captures, values):
+    (x,), (xv,) = inputs, values["inputs"]
+    if xv.dtype not in ELEMENT_TYPES or values["result"].dtype != xv.dtype:
+        return f"dtype {xv.dtype} -> {values['result'].dtype}"
+    return graph.call_function(torch.nn.functional.gelu, (x,), {"approximate": "tanh"})
+
+
+register_pattern(Pattern("gelu_tanh_written_out", ("gelu", "gelu_backward"), _new_gelu, _to_gelu_tanh))

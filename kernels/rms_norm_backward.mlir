@@ -1,0 +1,128 @@
+{#- boo::rms_norm_backward on x[M, N] over N. Params: M, N, dtype (x's), g_dtype (grad's),
+    w_dtype (None: no weight), norm_dtype (as in rms_norm), blocks.
+      y = x * rstd,  gy = g * w,  dx = rstd * (gy - y * sum_j(gy * y) / N)
+      dw = sum_i g * round(y)   (an empty tensor when there is no weight)
+    The column sums are split into `blocks` row blocks summed in parallel, then added. -#}
+{% import "_helpers.mlir" as h with context %}
+{% set X = h.tensor([M, N], dtype) %}
+{% set G = h.tensor([M, N], g_dtype) %}
+{% set ROW = h.tensor([M], "f32") %}
+{% set STAT = h.tensor([M, 1], "f32") %}
+{% set has_weight = w_dtype is not none %}
+{% set W = h.tensor([N], w_dtype) if has_weight else h.tensor([0], dtype) %}
+func.func private @{{ func_name }}(%g: {{ G }}, %x: {{ X }}, %rstd2: {{ STAT }}{% if has_weight %}, %w: {{ W }}{% endif %})
+    -> ({{ X }}, {{ W }}) {{ h.identity({"normalized_size": N, "has_weight": has_weight, "norm_dtype": norm_dtype or "none"}) }} {
+  %zero = arith.constant 0.0 : f32
+{% if not has_weight or M == 0 %}
+  %dw_empty = tensor.empty() : {{ W }}
+{% endif %}
+{% if M == 0 %}
+  {#- An empty batch: IREE 3.13 crashes on reductions over zero rows, so say it directly. #}
+  %dx = tensor.empty() : {{ X }}
+{% if has_weight %}
+  %zero_w = arith.constant 0.0 : {{ w_dtype }}
+  %dw = linalg.fill ins(%zero_w : {{ w_dtype }}) outs(%dw_empty : {{ W }}) -> {{ W }}
+{% else %}
+  %dw = tensor.empty() : {{ W }}
+{% endif %}
+{% else %}
+  %n = arith.constant {{ "%.1f"|format(N) }} : f32
+  %rstd = tensor.collapse_shape %rstd2 [[0, 1]] : {{ STAT }} into {{ ROW }}
+  %row_empty = tensor.empty() : {{ ROW }}
+  %row_zero = linalg.fill ins(%zero : f32) outs(%row_empty : {{ ROW }}) -> {{ ROW }}
+  {% call h.dispatch_region("rmsb", ["%dx0"], [X]) %}
+  %dot = linalg.generic {indexing_maps = [{{ h.map(2) }}, {{ h.map(2) }}, {{ h.map(2, [0]) }}{% if has_weight %}, {{ h.map(2, [1]) }}{% endif %}, {{ h.map(2, [0]) }}],
+                         iterator_types = ["parallel", "reduction"]}
+      ins(%g, %x, %rstd{% if has_weight %}, %w{% endif %} : {{ G }}, {{ X }}, {{ ROW }}{% if has_weight %}, {{ W }}{% endif %})
+      outs(%row_zero : {{ ROW }}) {
+  ^bb0(%gin: {{ g_dtype }}, %xin: {{ dtype }}, %r: f32{% if has_weight %}, %win: {{ w_dtype }}{% endif %}, %s: f32):
+    {{ h.to_f32("gf", "gin", g_dtype) }}
+    {{ h.to_f32("xf", "xin", dtype) }}
+    %y = arith.mulf {{ h.f32ref("xf", "xin", dtype) }}, %r : f32
+{% if has_weight %}
+    {{ h.to_f32("wf", "win", w_dtype) }}
+    %gy = arith.mulf {{ h.f32ref("gf", "gin", g_dtype) }}, {{ h.f32ref("wf", "win", w_dtype) }} : f32
+{% endif %}
+    %p = arith.mulf {{ "%gy" if has_weight else h.f32ref("gf", "gin", g_dtype) }}, %y : f32
+    %s1 = arith.addf %s, %p : f32
+    linalg.yield %s1 : f32
+  } -> {{ ROW }}
+  %dx_empty = tensor.empty() : {{ X }}
+  %dx0 = linalg.generic {indexing_maps = [{{ h.map(2) }}, {{ h.map(2) }}, {{ h.map(2, [0]) }}{% if has_weight %}, {{ h.map(2, [1]) }}{% endif %}, {{ h.map(2, [0]) }}, {{ h.map(2) }}],
+                        iterator_types = ["parallel", "parallel"]}
+      ins(%g, %x, %rstd{% if has_weight %}, %w{% endif %}, %dot : {{ G }}, {{ X }}, {{ ROW }}{% if has_weight %}, {{ W }}{% endif %}, {{ ROW }})
+      outs(%dx_empty : {{ X }}) {
+  ^bb0(%gin: {{ g_dtype }}, %xin: {{ dtype }}, %r: f32{% if has_weight %}, %win: {{ w_dtype }}{% endif %}, %s: f32, %unused: {{ dtype }}):
+    {{ h.to_f32("gf", "gin", g_dtype) }}
+    {{ h.to_f32("xf", "xin", dtype) }}
+    %y = arith.mulf {{ h.f32ref("xf", "xin", dtype) }}, %r : f32
+{% if has_weight %}
+    {{ h.to_f32("wf", "win", w_dtype) }}
+    %gy = arith.mulf {{ h.f32ref("gf", "gin", g_dtype) }}, {{ h.f32ref("wf", "win", w_dtype) }} : f32
+{% endif %}
+    %m = arith.divf %s, %n : f32
+    %ym = arith.mulf %y, %m : f32
+    %t = arith.subf {{ "%gy" if has_weight else h.f32ref("gf", "gin", g_dtype) }}, %ym : f32
+    %dxf = arith.mulf %t, %r : f32
+    {{ h.from_f32("dxn", "dxf", dtype) }}
+    linalg.yield {{ h.narrowref("dxn", "dxf", dtype) }} : {{ dtype }}
+  } -> {{ X }}
+  {% endcall %}
+
+  %dx = "util.optimization_barrier"(%rmsb#0) : ({{ X }}) -> {{ X }}
+{% if has_weight %}
+{% set R = M // blocks %}
+{% set G3 = h.tensor([blocks, R, N], g_dtype) %}
+{% set X3 = h.tensor([blocks, R, N], dtype) %}
+{% set BR = h.tensor([blocks, R], "f32") %}
+{% set P = h.tensor([blocks, N], "f32") %}
+{% set COL = h.tensor([N], "f32") %}
+  %g_cols = "util.optimization_barrier"(%g) : ({{ G }}) -> {{ G }}
+  %g3 = tensor.expand_shape %g_cols [[0, 1], [2]] output_shape [{{ blocks }}, {{ R }}, {{ N }}] : {{ G }} into {{ G3 }}
+  %x3 = tensor.expand_shape %x [[0, 1], [2]] output_shape [{{ blocks }}, {{ R }}, {{ N }}] : {{ X }} into {{ X3 }}
+  %rstd3 = tensor.expand_shape %rstd [[0, 1]] output_shape [{{ blocks }}, {{ R }}] : {{ ROW }} into {{ BR }}
+  %part_empty = tensor.empty() : {{ P }}
+  %part_zero = linalg.fill ins(%zero : f32) outs(%part_empty : {{ P }}) -> {{ P }}
+  {#- Loops (block, column, row), the reduction innermost; CPU tiles vectorize the columns. #}
+  %part = linalg.generic {indexing_maps = [{{ h.map(3, [0, 2, 1]) }}, {{ h.map(3, [0, 2, 1]) }}, {{ h.map(3, [0, 2]) }}, {{ h.map(3, [0, 1]) }}],
+                          iterator_types = ["parallel", "parallel", "reduction"]}
+      ins(%g3, %x3, %rstd3 : {{ G3 }}, {{ X3 }}, {{ BR }}) outs(%part_zero : {{ P }})
+{% if target == "llvm-cpu" and N % 128 == 0 and blocks % 8 == 0 %}
+      attrs = {compilation_info = {{ h.cpu_tiles([8, 128, 0], [1, 128, 0], [0, 0, 1]) }}}
+{% endif %}
+      {
+  ^bb0(%gin: {{ g_dtype }}, %xin: {{ dtype }}, %r: f32, %acc: f32):
+    {{ h.to_f32("gf", "gin", g_dtype) }}
+    {{ h.to_f32("xf", "xin", dtype) }}
+    %y0 = arith.mulf {{ h.f32ref("xf", "xin", dtype) }}, %r : f32
+{% set y = "y0" %}
+{% if norm_dtype is not none and norm_dtype != "f32" %}
+    %yr = arith.truncf %y0 : f32 to {{ norm_dtype }}
+    %y1 = arith.extf %yr : {{ norm_dtype }} to f32
+{% set y = "y1" %}
+{% endif %}
+    %gyn = arith.mulf {{ h.f32ref("gf", "gin", g_dtype) }}, %{{ y }} : f32
+    %accn = arith.addf %acc, %gyn : f32
+    linalg.yield %accn : f32
+  } -> {{ P }}
+  %colf_empty = tensor.empty() : {{ COL }}
+  %col_zero = linalg.fill ins(%zero : f32) outs(%colf_empty : {{ COL }}) -> {{ COL }}
+  %sum_w = linalg.generic {indexing_maps = [{{ h.map(2, [1, 0]) }}, {{ h.map(2, [0]) }}], iterator_types = ["parallel", "reduction"]}
+      ins(%part : {{ P }}) outs(%col_zero : {{ COL }}) {
+  ^bb0(%p: f32, %acc: f32):
+    %accn = arith.addf %acc, %p : f32
+    linalg.yield %accn : f32
+  } -> {{ COL }}
+  %col_empty = tensor.empty() : {{ W }}
+  %dw = linalg.generic {indexing_maps = [{{ h.map(1) }}, {{ h.map(1) }}], iterator_types = ["parallel"]}
+      ins(%sum_w : {{ COL }}) outs(%col_empty : {{ W }}) {
+  ^bb0(%sf: f32, %unused: {{ w_dtype }}):
+    {{ h.from_f32("sn", "sf", w_dtype) }}
+    linalg.yield {{ h.narrowref("sn", "sf", w_dtype) }} : {{ w_dtype }}
+  } -> {{ W }}
+{% else %}
+  %dw = tensor.empty() : {{ W }}
+{% endif %}
+{% endif %}
+  return %dx, %dw : {{ X }}, {{ W }}
+}
