@@ -24,18 +24,23 @@ def _dims(x: torch.Tensor, normalized_shape) -> list[int]:
     return list(range(x.dim() - len(normalized_shape), x.dim()))
 
 
+def _opmath(t: torch.Tensor) -> torch.Tensor:
+    """f32 for every dtype but float64 (the float64 references of the tests stay float64)."""
+    return t if t.dtype == torch.float64 else t.float()
+
+
 def _normalized(x, normalized_shape, rstd, norm_dtype):
-    y = x.float() * rstd
+    y = _opmath(x) * rstd
     return y if norm_dtype is None else y.to(norm_dtype).float()
 
 
 def rms_norm_reference(x: torch.Tensor, normalized_shape: list[int], weight: torch.Tensor | None, eps: float,
              norm_dtype: torch.dtype | None, out_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    xf = x.float()
+    xf = _opmath(x)
     rstd = torch.rsqrt(xf.pow(2).mean(_dims(x, normalized_shape), keepdim=True) + eps)
     y = _normalized(x, normalized_shape, rstd, norm_dtype)
     if weight is not None:
-        y = y * weight.float()
+        y = y * _opmath(weight)
     return y.to(out_dtype), rstd
 
 
@@ -45,7 +50,7 @@ rms_norm = torch.library.custom_op("boo::rms_norm", rms_norm_reference, mutates_
 @rms_norm.register_fake
 def _(x, normalized_shape, weight, eps, norm_dtype, out_dtype):
     stat = [*x.shape[: x.dim() - len(normalized_shape)], *([1] * len(normalized_shape))]
-    return x.new_empty(x.shape, dtype=out_dtype), x.new_empty(stat, dtype=torch.float32)
+    return x.new_empty(x.shape, dtype=out_dtype), x.new_empty(stat, dtype=_opmath(x).dtype)
 
 
 def rms_norm_backward_reference(grad: torch.Tensor, x: torch.Tensor, rstd: torch.Tensor, normalized_shape: list[int],
@@ -53,8 +58,8 @@ def rms_norm_backward_reference(grad: torch.Tensor, x: torch.Tensor, rstd: torch
     """(dx, dweight); dweight is empty when there is no weight.
     dx = rstd * (gy - y * mean(gy * y)), gy = grad * weight, y = x * rstd."""
     dims = _dims(x, normalized_shape)
-    gf = grad.float()
-    y = x.float() * rstd
+    gf = _opmath(grad)
+    y = _opmath(x) * rstd
     if weight is None:
         dw = x.new_empty([0])
         gy = gf
@@ -62,7 +67,7 @@ def rms_norm_backward_reference(grad: torch.Tensor, x: torch.Tensor, rstd: torch
         lead = list(range(x.dim() - len(normalized_shape)))
         yn = _normalized(x, normalized_shape, rstd, norm_dtype)
         dw = (gf * yn).sum(lead).to(weight.dtype) if lead else (gf * yn).to(weight.dtype)
-        gy = gf * weight.float()
+        gy = gf * _opmath(weight)
     dx = rstd * (gy - y * (gy * y).mean(dims, keepdim=True))
     return dx.to(x.dtype), dw
 

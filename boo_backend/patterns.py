@@ -123,11 +123,11 @@ def normalize(graph: fx.Graph) -> None:
         try:
             pair = normalize_function(fn, tuple(args), kwargs, arg_types=tuple(map(kind, args)),
                                       kwarg_types={k: kind(v) for k, v in kwargs.items()},
-                                      normalize_to_only_use_kwargs=True)
+                                      normalize_to_only_use_kwargs=False)
         except Exception:  # noqa: BLE001  (an overload it cannot resolve: leave the node)
             pair = None
         if pair is not None:
-            node.op, node.target, node.args, node.kwargs = "call_function", fn, (), dict(pair.kwargs)
+            node.op, node.target, node.args, node.kwargs = "call_function", fn, tuple(pair.args), dict(pair.kwargs)
 
 
 def _pattern_graph(pattern: Pattern) -> fx.Graph:
@@ -175,6 +175,17 @@ def _literals(match: InternalMatch) -> dict | None:
     return captures
 
 
+class _Matcher(SubgraphMatcher):
+    """SubgraphMatcher whose literals always match here, to be compared by _literals with
+    Wild and float tolerance (its own ignore_literals also lets a pattern's op node match a
+    literal, then fails on the placeholders it never reached)."""
+
+    def _match_literals(self, pn, gn, match) -> bool:
+        if isinstance(pn, fx.Node) or isinstance(gn, fx.Node):
+            return super()._match_literals(pn, gn, match)
+        return True
+
+
 def active(force_decompose: str) -> list[Pattern]:
     from . import composites
 
@@ -191,8 +202,8 @@ def apply(gm: fx.GraphModule, force_decompose: str) -> fx.GraphModule:
     normalize(graph)
     replaced = 0
     for pattern in patterns:
-        matcher = SubgraphMatcher(_pattern_graph(pattern), match_output=False, match_placeholder=False,
-                                  remove_overlapping_matches=True, ignore_literals=True)
+        matcher = _Matcher(_pattern_graph(pattern), match_output=False, match_placeholder=False,
+                           remove_overlapping_matches=True)
         for match in matcher.match(graph):
             replaced += _replace(graph, pattern, match)
     if not replaced:
@@ -208,8 +219,11 @@ def _position(graph: fx.Graph):
 
 
 def _replace(graph: fx.Graph, pattern: Pattern, match: InternalMatch) -> int:
-    if len(match.returning_nodes) != 1 or any(n.graph is not graph or n._erased for n in match.nodes_map.values()):
-        return 0
+    matched = list(match.nodes_map.values())
+    if len(match.returning_nodes) != 1 or not all(isinstance(n, fx.Node) for n in matched):
+        return 0  # an input matched a literal (a weight of None for a weighted pattern)
+    if any(n.graph is not graph or n._erased for n in matched):
+        return 0  # an earlier replacement took part of it
     captures = _literals(match)
     if captures is None:
         return 0
