@@ -57,14 +57,43 @@ def _layer_norm_backward(shape, dtype, contiguous, variant):
     return (rand(shape, dtype, contiguous), x, normalized, mean, rstd, w, b, mask), {}
 
 
+def _group_norm_args(shape, dtype, contiguous, groups, weight, bias):
+    """x of `shape` = [N, C, *spatial]; the group count is gcd(groups, C), so it divides C."""
+    n, c = shape[0], shape[1]
+    x = rand(shape, dtype, contiguous, scale=3.0, shift=0.5)
+    w = rand([c], dtype, shift=1.0) if weight else None
+    b = rand([c], dtype) if bias else None
+    return x, w, b, n, c, math.prod(shape[2:]), math.gcd(groups, c)
+
+
+def _group_norm(shape, dtype, contiguous, variant):
+    _, groups, weight, bias = variant
+    x, w, b, n, c, hxw, g = _group_norm_args(shape, dtype, contiguous, groups, weight, bias)
+    return (x, w, b, n, c, hxw, g, 1e-5), {}
+
+
+def _group_norm_backward(shape, dtype, contiguous, variant):
+    _, groups, weight, mask = variant
+    x, w, b, n, c, hxw, g = _group_norm_args(shape, dtype, contiguous, groups, weight, False)
+    _, mean, rstd = aten.native_group_norm(x, w, b, n, c, hxw, g, 1e-5)
+    return (rand(shape, dtype, contiguous), x, mean, rstd, w, n, c, hxw, g, mask), {}
+
+
 @dataclasses.dataclass
 class Row:
     make: Callable  # (shape, dtype, contiguous, variant) -> (args, kwargs)
     variants: list
     shapes: list  # shapes for f32; low precision uses the first two
+    # Eager's kernel checks that its input is contiguous (native_group_norm): the float64
+    # reference and eager then run on contiguous copies, and only ours sees the views.
+    eager_needs_contiguous: bool = False
 
 
 _WIDTHS = [(4, 1), (3, 3), (2, 1000), (3, 4097), (0, 8)]
+# [N, C, *spatial]: HxW of 1, groups of 3 (5x4x3 with 4 groups) and of 4097, 4-D, an empty
+# batch. Not a group of one element: its output is exactly the bias (zero without one), and
+# the float64 reference's rounding around zero is no scale to compare with.
+_GN_SHAPES = [(4, 8), (5, 4, 3), (2, 6, 5, 7), (2, 2, 4097), (0, 8, 3), (3, 12, 1, 1)]
 ROWS = {
     "gelu": Row(_gelu, ["none", "tanh"], [(8, 3), (1000,), (3, 4097), (2, 3, 5), (0, 4)]),
     "gelu_backward": Row(_gelu_backward, ["none", "tanh"], [(8, 3), (1000,), (3, 4097), (2, 3, 5), (0, 4)]),
@@ -79,6 +108,22 @@ ROWS = {
          (1, True, True, [False, True, True]), (1, True, False, [True, True, False]),
          (2, True, True, [True, True, True])],
         _WIDTHS + [(2, 3, 16)],
+    ),
+    # Variants lead with a name (_cases reads a leading int as layer norm's k).
+    "native_group_norm": Row(
+        _group_norm,
+        [("affine", 2, True, True), ("plain", 4, False, False), ("weight", 3, True, False),
+         ("one_group", 1, True, True)],
+        _GN_SHAPES,
+        eager_needs_contiguous=True,
+    ),
+    "native_group_norm_backward": Row(
+        _group_norm_backward,
+        [("all", 2, True, [True, True, True]), ("dx_plain", 4, False, [True, False, False]),
+         ("dw_db", 2, True, [False, True, True]), ("dx_db_plain", 3, False, [True, False, True]),
+         ("dx_dw", 1, True, [True, True, False])],
+        _GN_SHAPES,
+        eager_needs_contiguous=True,
     ),
 }
 
@@ -95,7 +140,7 @@ def _cases():
             shapes = row.shapes if dtype is torch.float32 else row.shapes[:2]
             for shape in shapes:
                 for variant in row.variants:
-                    k = variant[0] if isinstance(variant, tuple) else 0
+                    k = variant[0] if isinstance(variant, tuple) and isinstance(variant[0], int) else 0
                     if len(shape) < k or (k and math.prod(shape[len(shape) - k:]) == 0):
                         continue  # layer norm over an empty normalized shape: see test_graphs
                     yield pytest.param(name, dtype, shape, variant, id=f"{name}-{dtype_name}-{'x'.join(map(str, shape))}-{variant}")
@@ -135,6 +180,8 @@ def check_against_float64(name, dtype, shape, variant, contiguous=True, expect_c
 
     boo_backend.reset()
     ours = torch.compile(fn, backend="boo", dynamic=False)(*args)
+    if row.eager_needs_contiguous:
+        args = [a.contiguous() if isinstance(a, torch.Tensor) else a for a in args]
     ref = op(*[_to64(a) for a in args], **kwargs)
     eager = op(*args, **kwargs)
     ours, ref, eager = ((v if isinstance(v, (tuple, list)) else (v,)) for v in (ours, ref, eager))
@@ -183,5 +230,6 @@ def test_dumped_module_names_its_composite(name, monkeypatch, tmp_path):
     entry = composites.by_name(name)
     assert f"func.func private @boo.{name}.v{entry.version}." in mlir
     assert f'boo.composite = "{name}"' in mlir and f"boo.version = {entry.version} : i64" in mlir
-    expected = {"gelu": "approximate", "native_layer_norm": "eps", "native_layer_norm_backward": "output_mask"}
+    expected = {"gelu": "approximate", "native_layer_norm": "eps", "native_layer_norm_backward": "output_mask",
+                "native_group_norm": "groups", "native_group_norm_backward": "output_mask"}
     assert f"{expected.get(name, 'approximate')} = " in mlir.split("boo.params = {", 1)[1].split("}", 1)[0]
