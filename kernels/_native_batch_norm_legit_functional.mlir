@@ -9,8 +9,9 @@
 {% set V = h.tensor([C], dtype) %}
 {% set P = h.tensor([N, C], "f32") %}
 {% set COL = h.tensor([C], "f32") %}
+{% set RV = h.tensor([C], running_dtype) %}
 func.func private @{{ func_name }}(%x: {{ X }}{% if has_weight %}, %w: {{ V }}{% endif %}{% if has_bias %}, %b: {{ V }}{% endif %}, %rm: {{ V }}, %rv: {{ V }})
-    -> ({{ X }}, {{ V }}, {{ V }}, {{ V }}, {{ V }}) {{ h.identity({"eps": eps, "momentum": momentum, "has_weight": has_weight, "has_bias": has_bias}) }} {
+    -> ({{ X }}, {{ V }}, {{ V }}, {{ RV }}, {{ RV }}) {{ h.identity({"eps": eps, "momentum": momentum, "has_weight": has_weight, "has_bias": has_bias}) }} {
   %zero = arith.constant 0.0 : f32
   %cnt = arith.constant {{ "%.1f"|format(N * HW) }} : f32
   %cnt1 = arith.constant {{ "%.1f"|format(N * HW - 1) }} : f32
@@ -105,13 +106,15 @@ func.func private @{{ func_name }}(%x: {{ X }}{% if has_weight %}, %w: {{ V }}{%
     linalg.yield {{ h.narrowref("yn", y, dtype) }} : {{ dtype }}
   } -> {{ X }}
   %v_empty = tensor.empty() : {{ V }}
+  %rv_empty = tensor.empty() : {{ RV }}
 {% for i in range(4) %}
+{% set T, dt, empty = (V, dtype, "%v_empty") if i < 2 else (RV, running_dtype, "%rv_empty") %}
   %o{{ i }} = linalg.generic {indexing_maps = [{{ h.map(1) }}, {{ h.map(1) }}], iterator_types = ["parallel"]}
-      ins(%stats#{{ i }} : {{ COL }}) outs(%v_empty : {{ V }}) {
-  ^bb0(%in: f32, %unused: {{ dtype }}):
-    {{ h.from_f32("n", "in", dtype) }}
-    linalg.yield {{ h.narrowref("n", "in", dtype) }} : {{ dtype }}
-  } -> {{ V }}
+      ins(%stats#{{ i }} : {{ COL }}) outs({{ empty }} : {{ T }}) {
+  ^bb0(%in: f32, %unused: {{ dt }}):
+    {{ h.from_f32("n", "in", dt) }}
+    linalg.yield {{ h.narrowref("n", "in", dt) }} : {{ dt }}
+  } -> {{ T }}
 {% endfor %}
-  return %out, %o0, %o1, %o2, %o3 : {{ X }}, {{ V }}, {{ V }}, {{ V }}, {{ V }}
+  return %out, %o0, %o1, %o2, %o3 : {{ X }}, {{ V }}, {{ V }}, {{ RV }}, {{ RV }}
 }

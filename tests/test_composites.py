@@ -198,7 +198,13 @@ def _cases():
                     k = variant[0] if isinstance(variant, tuple) and isinstance(variant[0], int) else 0
                     if len(shape) < k or (k and math.prod(shape[len(shape) - k:]) == 0):
                         continue  # layer norm over an empty normalized shape: see test_graphs
-                    yield pytest.param(name, dtype, shape, variant, id=f"{name}-{dtype_name}-{'x'.join(map(str, shape))}-{variant}")
+                    marks = []
+                    if name == "_native_batch_norm_legit_functional" and dtype is not torch.float32:
+                        marks = [pytest.mark.xfail(strict=True, reason=(
+                            "PyTorch's meta function gives f32 new running statistics for "
+                            "bf16/f16 input, eager the input's dtype: the graph (ours) follows the meta"))]
+                    yield pytest.param(name, dtype, shape, variant, marks=marks,
+                                       id=f"{name}-{dtype_name}-{'x'.join(map(str, shape))}-{variant}")
 
 
 def _to64(v):

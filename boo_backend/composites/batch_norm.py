@@ -77,6 +77,9 @@ def _train_params(args, kwargs, outs):
     return {
         "N": n, "C": c, "HW": hw, "momentum": float(momentum), "eps": float(eps),
         "dtype": ELEMENT_TYPES[x.dtype], "has_weight": weight is not None, "has_bias": bias is not None,
+        # The graph's dtype of the new running statistics: the meta function gives f32 for
+        # bf16/f16 input where eager gives the input's dtype.
+        "running_dtype": ELEMENT_TYPES[outs[3].dtype],
     }
 
 
