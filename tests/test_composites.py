@@ -103,6 +103,58 @@ def _rms_norm_backward(shape, dtype, contiguous, variant):
     x = rand(shape, dtype, contiguous, scale=2.0, shift=0.3)
     _, rstd = torch.ops.boo.rms_norm(x, normalized, w, 1e-6, norm_dtype, dtype)
     return (rand(shape, dtype, contiguous), x, rstd, normalized, w, norm_dtype), {}
+def _group_norm_args(shape, dtype, contiguous, groups, weight, bias):
+    """x of `shape` = [N, C, *spatial]; the group count is gcd(groups, C), so it divides C."""
+    n, c = shape[0], shape[1]
+    x = rand(shape, dtype, contiguous, scale=3.0, shift=0.5)
+    w = rand([c], dtype, shift=1.0) if weight else None
+    b = rand([c], dtype) if bias else None
+    return x, w, b, n, c, math.prod(shape[2:]), math.gcd(groups, c)
+
+
+def _group_norm(shape, dtype, contiguous, variant):
+    _, groups, weight, bias = variant
+    x, w, b, n, c, hxw, g = _group_norm_args(shape, dtype, contiguous, groups, weight, bias)
+    return (x, w, b, n, c, hxw, g, 1e-5), {}
+
+
+def _group_norm_backward(shape, dtype, contiguous, variant):
+    _, groups, weight, mask = variant
+    x, w, b, n, c, hxw, g = _group_norm_args(shape, dtype, contiguous, groups, weight, False)
+    _, mean, rstd = aten.native_group_norm(x.contiguous(), w, b, n, c, hxw, g, 1e-5)
+    return (rand(shape, dtype, contiguous), x, mean, rstd, w, n, c, hxw, g, mask), {}
+
+
+def _batch_norm_args(shape, dtype, contiguous, weight, bias):
+    c = shape[1]
+    x = rand(shape, dtype, contiguous, scale=3.0, shift=0.5)
+    w = rand([c], dtype, shift=1.0) if weight else None
+    b = rand([c], dtype) if bias else None
+    return x, w, b, rand([c], dtype, scale=0.1), rand([c], dtype, scale=0.1, shift=1.0).abs()
+
+
+def _batch_norm_train(shape, dtype, contiguous, variant):
+    _, weight, bias = variant
+    x, w, b, rm, rv = _batch_norm_args(shape, dtype, contiguous, weight, bias)
+    return (x, w, b, rm, rv, True, 0.1, 1e-5), {}
+
+
+def _batch_norm_eval(shape, dtype, contiguous, variant):
+    _, weight, bias = variant
+    x, w, b, rm, rv = _batch_norm_args(shape, dtype, contiguous, weight, bias)
+    return (x, w, b, rm, rv, 0.1, 1e-5), {}
+
+
+def _batch_norm_backward(shape, dtype, contiguous, variant):
+    """train: the saved statistics of a training forward; eval: the running ones, with the
+    empty saved statistics that graphs pass."""
+    train, weight, mask = variant
+    x, w, b, rm, rv = _batch_norm_args(shape, dtype, contiguous, weight, False)
+    if train == "train":
+        _, sm, si, _, _ = aten._native_batch_norm_legit_functional(x, w, b, rm, rv, True, 0.1, 1e-5)
+    else:
+        _, sm, si = aten._native_batch_norm_legit_no_training(x, w, b, rm, rv, 0.1, 1e-5)
+    return (rand(shape, dtype, contiguous), x, w, rm, rv, sm, si, train == "train", 1e-5, mask), {}
 
 
 @dataclasses.dataclass
@@ -114,9 +166,19 @@ class Row:
     valid: Callable = lambda dtype, variant: True
     # Arguments for the float64 reference call, from the float64 arguments.
     reference_args: Callable = lambda args: args
+    # Eager's kernel checks that its input is contiguous (native_group_norm): the float64
+    # reference and eager then run on contiguous copies, and only ours sees the views.
+    eager_needs_contiguous: bool = False
 
 
 _WIDTHS = [(4, 1), (3, 3), (2, 1000), (3, 4097), (0, 8)]
+# [N, C, *spatial]: HxW of 1, 3 and 4097 (17 x 241) elements per channel, 4-D. Not an empty
+# batch in training: eager raises (forward) or divides by zero (backward) there.
+_BN_SHAPES = [(4, 8), (3, 5), (2, 6, 5, 7), (17, 3, 241), (3, 12, 1, 1)]
+# [N, C, *spatial]: HxW of 1, groups of 3 (5x4x3 with 4 groups) and of 4097, 4-D, an empty
+# batch. Not a group of one element: its output is exactly the bias (zero without one), and
+# the float64 reference's rounding around zero is no scale to compare with.
+_GN_SHAPES = [(4, 8), (5, 4, 3), (2, 6, 5, 7), (2, 2, 4097), (0, 8, 3), (3, 12, 1, 1)]
 ROWS = {
     "gelu": Row(_gelu, ["none", "tanh"], [(8, 3), (1000,), (3, 4097), (2, 3, 5), (0, 4)]),
     "gelu_backward": Row(_gelu_backward, ["none", "tanh"], [(8, 3), (1000,), (3, 4097), (2, 3, 5), (0, 4)]),
@@ -149,6 +211,42 @@ ROWS = {
                                      lambda args: (*args[:3], torch.float64))
         for name in _SOFTMAX
     },
+    # Variants lead with a name (_cases reads a leading int as layer norm's k).
+    "native_group_norm": Row(
+        _group_norm,
+        [("affine", 2, True, True), ("plain", 4, False, False), ("weight", 3, True, False),
+         ("one_group", 1, True, True)],
+        _GN_SHAPES,
+        eager_needs_contiguous=True,
+    ),
+    # Without a weight, eager computes dx alone (asked for dweight or dbias it raises).
+    "native_group_norm_backward": Row(
+        _group_norm_backward,
+        [("all", 2, True, [True, True, True]), ("dx_plain", 4, False, [True, False, False]),
+         ("dw_db", 2, True, [False, True, True]), ("dx_db", 3, True, [True, False, True]),
+         ("dx_dw", 1, True, [True, True, False])],
+        _GN_SHAPES,
+        eager_needs_contiguous=True,
+    ),
+    "_native_batch_norm_legit_functional": Row(
+        _batch_norm_train,
+        [("affine", True, True), ("plain", False, False), ("weight", True, False)],
+        _BN_SHAPES,
+    ),
+    "_native_batch_norm_legit_no_training": Row(
+        _batch_norm_eval,
+        [("affine", True, True), ("plain", False, False), ("bias", False, True)],
+        _BN_SHAPES + [(0, 8, 3)],
+    ),
+    "native_batch_norm_backward": Row(
+        _batch_norm_backward,
+        [("train", True, [True, True, True]), ("train", False, [True, False, False]),
+         ("train", True, [True, True, False]), ("train", True, [True, False, True]),
+         ("eval", True, [True, True, True]), ("eval", False, [True, False, False]),
+         ("eval", True, [True, True, False])],
+        # Not output_mask[0] False: eager returns no dx there, its meta function (so ours) one.
+        _BN_SHAPES,
+    ),
 }
 
 
@@ -169,7 +267,8 @@ def _cases():
                     k = variant[0] if isinstance(variant, tuple) and name.startswith("native_layer") else 0
                     if len(shape) < k or (k and math.prod(shape[len(shape) - k:]) == 0):
                         continue  # layer norm over an empty normalized shape: see test_graphs
-                    yield pytest.param(name, dtype, shape, variant, id=f"{name}-{dtype_name}-{'x'.join(map(str, shape))}-{variant}")
+                    yield pytest.param(name, dtype, shape, variant,
+                                       id=f"{name}-{dtype_name}-{'x'.join(map(str, shape))}-{variant}")
 
 
 def _to64(v):
@@ -219,6 +318,8 @@ def check_against_float64(name, dtype, shape, variant, contiguous=True, expect_c
 
     boo_backend.reset()
     ours = torch.compile(fn, backend="boo", dynamic=False)(*args)
+    if row.eager_needs_contiguous:
+        args = [a.contiguous() if isinstance(a, torch.Tensor) else a for a in args]
     ref = op(*row.reference_args([_to64(a) for a in args]), **kwargs)
     try:
         eager = op(*args, **kwargs)
@@ -274,5 +375,8 @@ def test_dumped_module_names_its_composite(name, monkeypatch, tmp_path):
     assert f'boo.composite = "{name}"' in mlir and f"boo.version = {entry.version} : i64" in mlir
     expected = {"gelu": "approximate", "native_layer_norm": "eps", "native_layer_norm_backward": "output_mask",
                 **{name: "dim_size" for name in ROWS if "softmax" in name},
-                "rms_norm": "eps", "rms_norm_backward": "norm_dtype"}
+                "rms_norm": "eps", "rms_norm_backward": "norm_dtype",
+                "native_group_norm": "groups", "native_group_norm_backward": "output_mask",
+                "_native_batch_norm_legit_functional": "momentum",
+                "_native_batch_norm_legit_no_training": "eps", "native_batch_norm_backward": "train"}
     assert f"{expected.get(name, 'approximate')} = " in mlir.split("boo.params = {", 1)[1].split("}", 1)[0]

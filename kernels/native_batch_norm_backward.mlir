@@ -1,0 +1,140 @@
+{#- native_batch_norm_backward on x[N, C, HW], per channel over (N, HW), cnt = N * HW, computing
+    only what output_mask asks. mean, rstd: the saved ones when train, else running_mean and
+    rsqrt(running_var + eps). With A = sum g, B = sum g * (x - mean) over (n, hw) (per-(n, c)
+    compensated sums over HW, then over the batch) and w = 1 when absent:
+      train: dx = w * rstd * (g - A/cnt - (x - mean) * rstd^2 * B/cnt)
+      eval:  dx = g * w * rstd
+      dw = B * rstd,  db = A
+    Params: N, C, HW, dtype, train, eps, has_weight, stat_sizes (sizes of running_mean,
+    running_var, save_mean, save_invstd; None when absent; the unused ones are ignored),
+    output_mask. -#}
+{% import "_helpers.mlir" as h with context %}
+{% macro kahan(s, term) -%}
+%y{{ s }} = arith.subf {{ term }}, %e{{ s }} : f32
+    %{{ s }}n = arith.addf %{{ s }}, %y{{ s }} : f32
+    %t{{ s }} = arith.subf %{{ s }}n, %{{ s }} : f32
+    %e{{ s }}n = arith.subf %t{{ s }}, %y{{ s }} : f32
+{%- endmacro %}
+{% set X = h.tensor([N, C, HW], dtype) %}
+{% set V = h.tensor([C], dtype) %}
+{% set P = h.tensor([N, C], "f32") %}
+{% set COL = h.tensor([C], "f32") %}
+{% set stat_names = ["rm", "rv", "sm", "si"] %}
+{% set results = [] %}
+{% if output_mask[0] %}{% set _ = results.append(("dx", X)) %}{% endif %}
+{% if output_mask[1] %}{% set _ = results.append(("dw", V)) %}{% endif %}
+{% if output_mask[2] %}{% set _ = results.append(("db", V)) %}{% endif %}
+{% set need_sums = (output_mask[0] and train) or output_mask[1] or output_mask[2] %}
+func.func private @{{ func_name }}(%g: {{ X }}, %x: {{ X }}{% if has_weight %}, %w: {{ V }}{% endif %}{% for size in stat_sizes %}{% if size is not none %}, %{{ stat_names[loop.index0] }}: {{ h.tensor([size], dtype) }}{% endif %}{% endfor %})
+    -> ({% for name, type in results %}{{ type }}{{ ", " if not loop.last }}{% endfor %}) {{ h.identity({"output_mask": output_mask, "train": train, "has_weight": has_weight}) }} {
+  %zero = arith.constant 0.0 : f32
+  %cnt = arith.constant {{ "%.1f"|format(N * HW) }} : f32
+  %col_empty = tensor.empty() : {{ COL }}
+  %col_zero = linalg.fill ins(%zero : f32) outs(%col_empty : {{ COL }}) -> {{ COL }}
+{% set m_src, r_src = ("sm", "si") if train else ("rm", "rv") %}
+  %mr:2 = linalg.generic {indexing_maps = [{{ h.map(1) }}, {{ h.map(1) }}, {{ h.map(1) }}, {{ h.map(1) }}], iterator_types = ["parallel"]}
+      ins(%{{ m_src }}, %{{ r_src }} : {{ V }}, {{ V }}) outs(%col_empty, %col_empty : {{ COL }}, {{ COL }}) {
+  ^bb0(%min: {{ dtype }}, %rin: {{ dtype }}, %u0: f32, %u1: f32):
+    {{ h.to_f32("mf", "min", dtype) }}
+    {{ h.to_f32("rf", "rin", dtype) }}
+{% if train %}
+    linalg.yield {{ h.f32ref("mf", "min", dtype) }}, {{ h.f32ref("rf", "rin", dtype) }} : f32, f32
+{% else %}
+    %eps = arith.constant {{ "%.17e"|format(eps) }} : f32
+    %vare = arith.addf {{ h.f32ref("rf", "rin", dtype) }}, %eps : f32
+    %rstd = math.rsqrt %vare : f32
+    linalg.yield {{ h.f32ref("mf", "min", dtype) }}, %rstd : f32, f32
+{% endif %}
+  } -> ({{ COL }}, {{ COL }})
+{% if need_sums %}
+  %p_empty = tensor.empty() : {{ P }}
+  %p_zero = linalg.fill ins(%zero : f32) outs(%p_empty : {{ P }}) -> {{ P }}
+  %ab:4 = linalg.generic {indexing_maps = [{{ h.map(3) }}, {{ h.map(3) }}, {{ h.map(3, [1]) }}{% for i in range(4) %}, {{ h.map(3, [0, 1]) }}{% endfor %}],
+                          iterator_types = ["parallel", "parallel", "reduction"]}
+      ins(%g, %x, %mr#0 : {{ X }}, {{ X }}, {{ COL }}) outs(%p_zero, %p_zero, %p_zero, %p_zero : {{ P }}, {{ P }}, {{ P }}, {{ P }}) {
+  ^bb0(%gin: {{ dtype }}, %xin: {{ dtype }}, %mu: f32, %a: f32, %b: f32, %ea: f32, %eb: f32):
+    {{ h.to_f32("gf", "gin", dtype) }}
+    {{ h.to_f32("xf", "xin", dtype) }}
+    %c = arith.subf {{ h.f32ref("xf", "xin", dtype) }}, %mu : f32
+    %gc = arith.mulf {{ h.f32ref("gf", "gin", dtype) }}, %c : f32
+    {{ kahan("a", h.f32ref("gf", "gin", dtype)) }}
+    {{ kahan("b", "%gc") }}
+    linalg.yield %an, %bn, %ean, %ebn : f32, f32, f32, f32
+  } -> ({{ P }}, {{ P }}, {{ P }}, {{ P }})
+  %sums:4 = linalg.generic {indexing_maps = [{{ h.map(2, [1, 0]) }}, {{ h.map(2, [1, 0]) }}{% for i in range(4) %}, {{ h.map(2, [0]) }}{% endfor %}],
+                            iterator_types = ["parallel", "reduction"]}
+      ins(%ab#0, %ab#1 : {{ P }}, {{ P }}) outs(%col_zero, %col_zero, %col_zero, %col_zero : {{ COL }}, {{ COL }}, {{ COL }}, {{ COL }}) {
+  ^bb0(%pa: f32, %pb: f32, %a: f32, %b: f32, %ea: f32, %eb: f32):
+    {{ kahan("a", "%pa") }}
+    {{ kahan("b", "%pb") }}
+    linalg.yield %an, %bn, %ean, %ebn : f32, f32, f32, f32
+  } -> ({{ COL }}, {{ COL }}, {{ COL }}, {{ COL }})
+{% endif %}
+{% if output_mask[0] %}
+  {#- Per channel: dx = g * k1 - (x - mean) * k2 - k3, folding the channel constants. #}
+  %k:3 = linalg.generic {indexing_maps = [{% for i in range(4 + has_weight + (2 if train else 0)) %}{{ h.map(1) }}{{ ", " if not loop.last }}{% endfor %}], iterator_types = ["parallel"]}
+      ins(%mr#1{% if has_weight %}, %w{% endif %}{% if train %}, %sums#0, %sums#1{% endif %} : {{ COL }}{% if has_weight %}, {{ V }}{% endif %}{% if train %}, {{ COL }}, {{ COL }}{% endif %})
+      outs(%col_empty, %col_empty, %col_empty : {{ COL }}, {{ COL }}, {{ COL }}) {
+  ^bb0(%rs: f32{% if has_weight %}, %win: {{ dtype }}{% endif %}{% if train %}, %a: f32, %b: f32{% endif %}, %u0: f32, %u1: f32, %u2: f32):
+{% if has_weight %}
+    {{ h.to_f32("wf", "win", dtype) }}
+    %k1 = arith.mulf %rs, {{ h.f32ref("wf", "win", dtype) }} : f32
+{% else %}
+    %k1 = arith.addf %rs, %zero : f32
+{% endif %}
+{% if train %}
+    %rs2 = arith.mulf %rs, %rs : f32
+    %bm = arith.divf %b, %cnt : f32
+    %bm2 = arith.mulf %bm, %rs2 : f32
+    %k2 = arith.mulf %bm2, %k1 : f32
+    %am = arith.divf %a, %cnt : f32
+    %k3 = arith.mulf %am, %k1 : f32
+{% else %}
+    %k2 = arith.addf %zero, %zero : f32
+    %k3 = arith.addf %zero, %zero : f32
+{% endif %}
+    linalg.yield %k1, %k2, %k3 : f32, f32, f32
+  } -> ({{ COL }}, {{ COL }}, {{ COL }})
+  %dx_empty = tensor.empty() : {{ X }}
+  %dx = linalg.generic {indexing_maps = [{{ h.map(3) }}{% if train %}, {{ h.map(3) }}, {{ h.map(3, [1]) }}{% endif %}{% for i in range(3 if train else 1) %}, {{ h.map(3, [1]) }}{% endfor %}, {{ h.map(3) }}],
+                        iterator_types = ["parallel", "parallel", "parallel"]}
+      ins(%g{% if train %}, %x, %mr#0{% endif %}, %k#0{% if train %}, %k#1, %k#2{% endif %} : {{ X }}{% if train %}, {{ X }}, {{ COL }}{% endif %}, {{ COL }}{% if train %}, {{ COL }}, {{ COL }}{% endif %})
+      outs(%dx_empty : {{ X }}) {
+  ^bb0(%gin: {{ dtype }}{% if train %}, %xin: {{ dtype }}, %mu: f32{% endif %}, %k1: f32{% if train %}, %k2: f32, %k3: f32{% endif %}, %unused: {{ dtype }}):
+    {{ h.to_f32("gf", "gin", dtype) }}
+    %t0 = arith.mulf {{ h.f32ref("gf", "gin", dtype) }}, %k1 : f32
+{% if train %}
+    {{ h.to_f32("xf", "xin", dtype) }}
+    %c = arith.subf {{ h.f32ref("xf", "xin", dtype) }}, %mu : f32
+    %t1 = arith.mulf %c, %k2 : f32
+    %t2 = arith.subf %t0, %t1 : f32
+    %dxf = arith.subf %t2, %k3 : f32
+{% else %}
+    %dxf = arith.addf %t0, %zero : f32
+{% endif %}
+    {{ h.from_f32("dxn", "dxf", dtype) }}
+    linalg.yield {{ h.narrowref("dxn", "dxf", dtype) }} : {{ dtype }}
+  } -> {{ X }}
+{% endif %}
+{% if output_mask[1] or output_mask[2] %}
+  %v_empty = tensor.empty() : {{ V }}
+{% endif %}
+{% if output_mask[1] %}
+  %dw = linalg.generic {indexing_maps = [{{ h.map(1) }}, {{ h.map(1) }}, {{ h.map(1) }}], iterator_types = ["parallel"]}
+      ins(%sums#1, %mr#1 : {{ COL }}, {{ COL }}) outs(%v_empty : {{ V }}) {
+  ^bb0(%b: f32, %rs: f32, %unused: {{ dtype }}):
+    %dwf = arith.mulf %b, %rs : f32
+    {{ h.from_f32("dwn", "dwf", dtype) }}
+    linalg.yield {{ h.narrowref("dwn", "dwf", dtype) }} : {{ dtype }}
+  } -> {{ V }}
+{% endif %}
+{% if output_mask[2] %}
+  %db = linalg.generic {indexing_maps = [{{ h.map(1) }}, {{ h.map(1) }}], iterator_types = ["parallel"]}
+      ins(%sums#0 : {{ COL }}) outs(%v_empty : {{ V }}) {
+  ^bb0(%a: f32, %unused: {{ dtype }}):
+    {{ h.from_f32("dbn", "a", dtype) }}
+    linalg.yield {{ h.narrowref("dbn", "a", dtype) }} : {{ dtype }}
+  } -> {{ V }}
+{% endif %}
+  return {% for name, type in results %}%{{ name }}{{ ", " if not loop.last }}{% endfor %} : {% for name, type in results %}{{ type }}{{ ", " if not loop.last }}{% endfor %}{{ "" }}
+}
