@@ -133,4 +133,4 @@ def common_decline(tensors: list, outs: list) -> str | None:
     return None
 
 
-from . import gelu, layer_norm  # noqa: E402,F401  (families register themselves)
+from . import attention, gelu, layer_norm  # noqa: E402,F401  (families register themselves)
