@@ -27,6 +27,90 @@ func.func private @{{ func_name }}(%q: {{ Q }}, %k: {{ K }}, %v: {{ V }}{% if ma
   %lse = tensor.empty() : {{ LSE }}
   return %out, %lse : {{ O }}, {{ LSE }}
 {% else %}
+{% if target == "llvm-cpu" %}
+{% set R = G * L %}
+{% set QR = h.tensor([B, Hk, R, D], dtype) %}
+{% set PS = h.tensor([B, Hk, R, S], "f32") %}
+{% set LR = h.tensor([B, Hk, R], "f32") %}
+{% set OF = h.tensor([B, Hk, R, Dv], "f32") %}
+{% set OR = h.tensor([B, Hk, R, Dv], dtype) %}
+  {#- On the CPU, IREE 3.13's online_attention runs ~17x slower than eager (780 ms for 32
+      heads of 512x64), so the scores are materialized per row block instead: contraction,
+      row max, row sum of exp, then P v, with queries viewed as [B, Hk, G * L, D]. #}
+  %zero = arith.constant 0.0 : f32
+  %ninf = arith.constant 0xFF800000 : f32
+  %scale = arith.constant {{ "%.17e"|format(scale) }} : f32
+  {{ a.rows("qr", "%q", Q, [B, Hk, G, L, D], dtype, QR) }}
+{% if has_mask %}
+  {{ a.prepared_mask("bias") }}
+  {{ a.row_bias("bias") }}
+{% endif %}
+  {{ a.contraction("qk", "%qr", QR, dtype, "d0, d1, d2, d4", "%k", K, dtype, "d0, d1, d3, d4", PS) }}
+{% set ins_maps %}{{ h.map(4) }}{% if has_mask %}, {{ a.row_bias_map() }}{% endif %}{% endset %}
+{% set ins_vals %}%qk{% if has_mask %}, %bias_rows{% endif %}{% endset %}
+{% set ins_types %}{{ PS }}{% if has_mask %}, {{ a.row_bias_type() }}{% endif %}{% endset %}
+{% macro logit() %}
+    %ss = arith.mulf %s, %scale : f32
+{% if has_mask %}
+    %x = arith.addf %ss, %bi : f32
+{% else %}
+    %x = arith.addf %ss, %zero : f32
+{% endif %}
+{% endmacro %}
+  %row_empty = tensor.empty() : {{ LR }}
+  %max0 = linalg.fill ins(%ninf : f32) outs(%row_empty : {{ LR }}) -> {{ LR }}
+  %max = linalg.generic {indexing_maps = [{{ ins_maps }}, {{ h.map(4, [0, 1, 2]) }}], iterator_types = ["parallel", "parallel", "parallel", "reduction"]}
+      ins({{ ins_vals }} : {{ ins_types }}) outs(%max0 : {{ LR }}) {
+  ^bb0(%s: f32{% if has_mask %}, %bi: f32{% endif %}, %m: f32):
+{{ logit() }}
+    %mn = arith.maximumf %m, %x : f32
+    linalg.yield %mn : f32
+  } -> {{ LR }}
+  {#- exp(x - max), 0 in a row whose every key is masked (max = -inf). #}
+  %ps_empty = tensor.empty() : {{ PS }}
+  %p = linalg.generic {indexing_maps = [{{ ins_maps }}, {{ h.map(4, [0, 1, 2]) }}, {{ h.map(4) }}], iterator_types = {{ h.iterators(["parallel"] * 4) }}}
+      ins({{ ins_vals }}, %max : {{ ins_types }}, {{ LR }}) outs(%ps_empty : {{ PS }}) {
+  ^bb0(%s: f32{% if has_mask %}, %bi: f32{% endif %}, %m: f32, %unused: f32):
+{{ logit() }}
+    %hidden = arith.cmpf oeq, %m, %ninf : f32
+    %xm = arith.subf %x, %m : f32
+    %e = math.exp %xm : f32
+    %pe = arith.select %hidden, %zero, %e : f32
+    linalg.yield %pe : f32
+  } -> {{ PS }}
+  %sum0 = linalg.fill ins(%zero : f32) outs(%row_empty : {{ LR }}) -> {{ LR }}
+  %sum = linalg.generic {indexing_maps = [{{ h.map(4) }}, {{ h.map(4, [0, 1, 2]) }}], iterator_types = ["parallel", "parallel", "parallel", "reduction"]}
+      ins(%p : {{ PS }}) outs(%sum0 : {{ LR }}) {
+  ^bb0(%pi: f32, %acc: f32):
+    %an = arith.addf %acc, %pi : f32
+    linalg.yield %an : f32
+  } -> {{ LR }}
+  {{ a.contraction("pv", "%p", PS, "f32", "d0, d1, d2, d4", "%v", V, dtype, "d0, d1, d4, d3", OF) }}
+  %or_empty = tensor.empty() : {{ OR }}
+  %or = linalg.generic {indexing_maps = [{{ h.map(4) }}, {{ h.map(4, [0, 1, 2]) }}, {{ h.map(4) }}], iterator_types = {{ h.iterators(["parallel"] * 4) }}}
+      ins(%pv, %sum : {{ OF }}, {{ LR }}) outs(%or_empty : {{ OR }}) {
+  ^bb0(%acc: f32, %sm: f32, %unused: {{ dtype }}):
+    %empty_row = arith.cmpf oeq, %sm, %zero : f32
+    %div = arith.divf %acc, %sm : f32
+    %o = arith.select %empty_row, %zero, %div : f32
+    {{ h.from_f32("on", "o", dtype) }}
+    linalg.yield {{ h.narrowref("on", "o", dtype) }} : {{ dtype }}
+  } -> {{ OR }}
+  %lser = linalg.generic {indexing_maps = [{{ h.map(3) }}, {{ h.map(3) }}, {{ h.map(3) }}], iterator_types = {{ h.iterators(["parallel"] * 3) }}}
+      ins(%max, %sum : {{ LR }}, {{ LR }}) outs(%row_empty : {{ LR }}) {
+  ^bb0(%m: f32, %sm: f32, %unused: f32):
+    %empty_row = arith.cmpf oeq, %sm, %zero : f32
+    %lg = math.log %sm : f32
+    %l = arith.addf %m, %lg : f32
+    %lse = arith.select %empty_row, %zero, %l : f32
+    linalg.yield %lse : f32
+  } -> {{ LR }}
+  %out5 = tensor.expand_shape %or [[0], [1], [2, 3], [4]] output_shape [{{ B }}, {{ Hk }}, {{ G }}, {{ L }}, {{ Dv }}] : {{ OR }} into {{ O5 }}
+  %out = tensor.collapse_shape %out5 [[0], [1, 2], [3], [4]] : {{ O5 }} into {{ O }}
+  %lse4 = tensor.expand_shape %lser [[0], [1], [2, 3]] output_shape [{{ B }}, {{ Hk }}, {{ G }}, {{ L }}] : {{ LR }} into {{ ROW }}
+  %lse = tensor.collapse_shape %lse4 [[0], [1, 2], [3]] : {{ ROW }} into {{ LSE }}
+  return %out, %lse : {{ O }}, {{ LSE }}
+{% else %}
   %zero = arith.constant 0.0 : f32
   %lowest = arith.constant -3.40282347e+38 : f32
   %scale = arith.constant {{ "%.17e"|format(scale) }} : f32
@@ -81,5 +165,6 @@ func.func private @{{ func_name }}(%q: {{ Q }}, %k: {{ K }}, %v: {{ V }}{% if ma
   %out = tensor.collapse_shape %out5 [[0], [1, 2], [3], [4]] : {{ O5 }} into {{ O }}
   %lse = tensor.collapse_shape %lse4 [[0], [1, 2], [3]] : {{ ROW }} into {{ LSE }}
   return %out, %lse : {{ O }}, {{ LSE }}
+{% endif %}
 {% endif %}
 }

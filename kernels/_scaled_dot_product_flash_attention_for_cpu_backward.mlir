@@ -22,36 +22,6 @@
 {% set KF = h.tensor([B, Hk, S, D], "f32") %}
 {% set VF = h.tensor([B, Hk, S, Dv], "f32") %}
 {% set QF = h.tensor([B, Hk, R, D], "f32") %}
-{#- A contraction over the last loop of 5: out(d0, d1, d2, d3) += x * y. -#}
-{% macro contraction(name, x, xt, xdt, xmap, y, yt, ydt, ymap, out_t) -%}
-%{{ name }}_empty = tensor.empty() : {{ out_t }}
-  %{{ name }}_zero = linalg.fill ins(%zero : f32) outs(%{{ name }}_empty : {{ out_t }}) -> {{ out_t }}
-  %{{ name }} = linalg.generic {indexing_maps = [affine_map<(d0, d1, d2, d3, d4) -> ({{ xmap }})>, affine_map<(d0, d1, d2, d3, d4) -> ({{ ymap }})>, affine_map<(d0, d1, d2, d3, d4) -> (d0, d1, d2, d3)>],
-                           iterator_types = ["parallel", "parallel", "parallel", "parallel", "reduction"]}
-      ins({{ x }}, {{ y }} : {{ xt }}, {{ yt }}) outs(%{{ name }}_zero : {{ out_t }}) {
-  ^bb0(%{{ name }}_x: {{ xdt }}, %{{ name }}_y: {{ ydt }}, %{{ name }}_acc: f32):
-    {{ h.to_f32(name ~ "_xf", name ~ "_x", xdt) }}
-    {{ h.to_f32(name ~ "_yf", name ~ "_y", ydt) }}
-    %{{ name }}_p = arith.mulf {{ h.f32ref(name ~ "_xf", name ~ "_x", xdt) }}, {{ h.f32ref(name ~ "_yf", name ~ "_y", ydt) }} : f32
-    %{{ name }}_s = arith.addf %{{ name }}_acc, %{{ name }}_p : f32
-    linalg.yield %{{ name }}_s : f32
-  } -> {{ out_t }}
-{%- endmacro %}
-{#- %name: [B, H, L, ...] `value` as [B, Hk, G * L, ...] (shape5: [B, Hk, G, L, ...]). -#}
-{% macro rows(name, value, t, shape5, dt, out_t) -%}
-%{{ name }}_5 = tensor.expand_shape {{ value }} [[0], [1, 2], [3]{% if shape5|length == 5 %}, [4]{% endif %}] output_shape {{ shape5 }} : {{ t }} into {{ h.tensor(shape5, dt) }}
-  %{{ name }} = tensor.collapse_shape %{{ name }}_5 [[0], [1], [2, 3]{% if shape5|length == 5 %}, [4]{% endif %}] : {{ h.tensor(shape5, dt) }} into {{ out_t }}
-{%- endmacro %}
-{#- %name: `value` (f32) narrowed to dtype. -#}
-{% macro narrow(name, value, t, out_t) -%}
-%{{ name }}_empty = tensor.empty() : {{ out_t }}
-  %{{ name }} = linalg.generic {indexing_maps = [{{ h.map(4) }}, {{ h.map(4) }}], iterator_types = {{ h.iterators(["parallel"] * 4) }}}
-      ins({{ value }} : {{ t }}) outs(%{{ name }}_empty : {{ out_t }}) {
-  ^bb0(%{{ name }}_in: f32, %{{ name }}_unused: {{ dtype }}):
-    {{ h.from_f32(name ~ "_n", name ~ "_in", dtype) }}
-    linalg.yield {{ h.narrowref(name ~ "_n", name ~ "_in", dtype) }} : {{ dtype }}
-  } -> {{ out_t }}
-{%- endmacro %}
 func.func private @{{ func_name }}(%do: {{ O }}, %q: {{ Q }}, %k: {{ K }}, %v: {{ V }}, %o: {{ O }}, %lse: {{ LSE }}{% if mask_shape is not none %}, %mask: {{ a.mask_type() }}{% endif %})
     -> ({{ Q }}, {{ K }}, {{ V }}) {{ h.identity({"scale": scale, "is_causal": is_causal, "heads": H, "kv_heads": Hk, "masked": mask_shape is not none}) }} {
   %zero = arith.constant 0.0 : f32
@@ -65,12 +35,13 @@ func.func private @{{ func_name }}(%do: {{ O }}, %q: {{ Q }}, %k: {{ K }}, %v: {
   %dv = linalg.fill ins(%zero_t : {{ dtype }}) outs(%dv_empty : {{ V }}) -> {{ V }}
 {% else %}
   %scale = arith.constant {{ "%.17e"|format(scale) }} : f32
-  {{ rows("qr", "%q", Q, [B, Hk, G, L, D], dtype, QR) }}
-  {{ rows("dor", "%do", O, [B, Hk, G, L, Dv], dtype, OR) }}
-  {{ rows("or", "%o", O, [B, Hk, G, L, Dv], dtype, OR) }}
-  {{ rows("lser", "%lse", LSE, [B, Hk, G, L], "f32", LR) }}
+  {{ a.rows("qr", "%q", Q, [B, Hk, G, L, D], dtype, QR) }}
+  {{ a.rows("dor", "%do", O, [B, Hk, G, L, Dv], dtype, OR) }}
+  {{ a.rows("or", "%o", O, [B, Hk, G, L, Dv], dtype, OR) }}
+  {{ a.rows("lser", "%lse", LSE, [B, Hk, G, L], "f32", LR) }}
 {% if has_mask %}
   {{ a.prepared_mask("bias") }}
+  {{ a.row_bias("bias") }}
 {% endif %}
   {#- delta = rowsum(dO * O) #}
   %row_empty = tensor.empty() : {{ LR }}
@@ -85,11 +56,10 @@ func.func private @{{ func_name }}(%do: {{ O }}, %q: {{ Q }}, %k: {{ K }}, %v: {
     linalg.yield %s : f32
   } -> {{ LR }}
   {#- P = exp(q k^T * scale + bias - lse), loops (b, hk, r, s, d) #}
-  {{ contraction("qk", "%qr", QR, dtype, "d0, d1, d2, d4", "%k", K, dtype, "d0, d1, d3, d4", PS) }}
+  {{ a.contraction("qk", "%qr", QR, dtype, "d0, d1, d2, d4", "%k", K, dtype, "d0, d1, d3, d4", PS) }}
   %ps_empty = tensor.empty() : {{ PS }}
-{% set bias_map = a.bias_dims({"b": "d0", "hk": "d1", "g": ("d2 floordiv " ~ L) if G > 1 else "0", "m": ("d2 mod " ~ L) if G > 1 else "d2", "s": "d3"}) %}
-  %p = linalg.generic {indexing_maps = [{{ h.map(4) }}, {{ h.map(4, [0, 1, 2]) }}{% if has_mask %}, affine_map<(d0, d1, d2, d3) -> ({{ bias_map }})>{% endif %}, {{ h.map(4) }}], iterator_types = {{ h.iterators(["parallel"] * 4) }}}
-      ins(%qk, %lser{% if has_mask %}, %bias{% endif %} : {{ PS }}, {{ LR }}{% if has_mask %}, {{ a.bias_type() }}{% endif %}) outs(%ps_empty : {{ PS }}) {
+  %p = linalg.generic {indexing_maps = [{{ h.map(4) }}, {{ h.map(4, [0, 1, 2]) }}{% if has_mask %}, {{ a.row_bias_map() }}{% endif %}, {{ h.map(4) }}], iterator_types = {{ h.iterators(["parallel"] * 4) }}}
+      ins(%qk, %lser{% if has_mask %}, %bias_rows{% endif %} : {{ PS }}, {{ LR }}{% if has_mask %}, {{ a.row_bias_type() }}{% endif %}) outs(%ps_empty : {{ PS }}) {
   ^bb0(%s: f32, %l: f32{% if has_mask %}, %bi: f32{% endif %}, %unused: f32):
     %ss = arith.mulf %s, %scale : f32
 {% if has_mask %}
@@ -102,7 +72,7 @@ func.func private @{{ func_name }}(%do: {{ O }}, %q: {{ Q }}, %k: {{ K }}, %v: {
     linalg.yield %e : f32
   } -> {{ PS }}
   {#- dS = P * (dO v^T - delta) * scale, loops (b, hk, r, s, e) #}
-  {{ contraction("dp", "%dor", OR, dtype, "d0, d1, d2, d4", "%v", V, dtype, "d0, d1, d3, d4", PS) }}
+  {{ a.contraction("dp", "%dor", OR, dtype, "d0, d1, d2, d4", "%v", V, dtype, "d0, d1, d3, d4", PS) }}
   %ds = linalg.generic {indexing_maps = [{{ h.map(4) }}, {{ h.map(4) }}, {{ h.map(4, [0, 1, 2]) }}, {{ h.map(4) }}], iterator_types = {{ h.iterators(["parallel"] * 4) }}}
       ins(%p, %dp, %delta : {{ PS }}, {{ PS }}, {{ LR }}) outs(%ps_empty : {{ PS }}) {
   ^bb0(%pi: f32, %dpi: f32, %di: f32, %unused: f32):
@@ -112,14 +82,14 @@ func.func private @{{ func_name }}(%do: {{ O }}, %q: {{ Q }}, %k: {{ K }}, %v: {
     linalg.yield %w : f32
   } -> {{ PS }}
   {#- dv = P^T dO, loops (b, hk, s, e, r) #}
-  {{ contraction("dvf", "%p", PS, "f32", "d0, d1, d4, d2", "%dor", OR, dtype, "d0, d1, d4, d3", VF) }}
+  {{ a.contraction("dvf", "%p", PS, "f32", "d0, d1, d4, d2", "%dor", OR, dtype, "d0, d1, d4, d3", VF) }}
   {#- dq = dS k, loops (b, hk, r, d, s) #}
-  {{ contraction("dqf", "%ds", PS, "f32", "d0, d1, d2, d4", "%k", K, dtype, "d0, d1, d4, d3", QF) }}
+  {{ a.contraction("dqf", "%ds", PS, "f32", "d0, d1, d2, d4", "%k", K, dtype, "d0, d1, d4, d3", QF) }}
   {#- dk = dS^T q, loops (b, hk, s, d, r) #}
-  {{ contraction("dkf", "%ds", PS, "f32", "d0, d1, d4, d2", "%qr", QR, dtype, "d0, d1, d4, d3", KF) }}
-  {{ narrow("dqr", "%dqf", QF, QR) }}
-  {{ narrow("dk", "%dkf", KF, K) }}
-  {{ narrow("dv", "%dvf", VF, V) }}
+  {{ a.contraction("dkf", "%ds", PS, "f32", "d0, d1, d4, d2", "%qr", QR, dtype, "d0, d1, d4, d3", KF) }}
+  {{ a.narrow("dqr", "%dqf", QF, QR) }}
+  {{ a.narrow("dk", "%dkf", KF, K) }}
+  {{ a.narrow("dv", "%dvf", VF, V) }}
   %dq5 = tensor.expand_shape %dqr [[0], [1], [2, 3], [4]] output_shape [{{ B }}, {{ Hk }}, {{ G }}, {{ L }}, {{ D }}] : {{ QR }} into {{ h.tensor([B, Hk, G, L, D], dtype) }}
   %dq = tensor.collapse_shape %dq5 [[0], [1, 2], [3], [4]] : {{ h.tensor([B, Hk, G, L, D], dtype) }} into {{ Q }}
 {% endif %}
