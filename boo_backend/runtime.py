@@ -45,8 +45,9 @@ class BooRuntimeError(BooError):
 
 def _importable(t: torch.Tensor, copy: bool = False) -> torch.Tensor:
     """`t` itself when IREE can import its memory, else a dense, aligned copy (always a copy
-    when `copy`: the module writes into that argument)."""
-    if not copy and t.is_contiguous() and (t.numel() == 0 or t.data_ptr() % _ALIGN == 0):
+    when `copy`: the module writes into that argument). An empty tensor is always made
+    afresh: torch calls one with any strides contiguous, which IREE's import rejects."""
+    if not copy and t.numel() and t.is_contiguous() and t.data_ptr() % _ALIGN == 0:
         return t
     out = torch.empty(t.shape, dtype=t.dtype, device=t.device)
     out.copy_(t)

@@ -155,6 +155,44 @@ def _batch_norm_backward(shape, dtype, contiguous, variant):
     else:
         _, sm, si = aten._native_batch_norm_legit_no_training(x, w, b, rm, rv, 0.1, 1e-5)
     return (rand(shape, dtype, contiguous), x, w, rm, rv, sm, si, train == "train", 1e-5, mask), {}
+def _attention_inputs(shape, dtype, contiguous, variant):
+    """Shape (B, H, L, S, D); the variant names the options: "gqa" (half as many key heads),
+    "causal", "scale", and a mask: "additive" [L, S], "full" [B, H, L, S] additive, "bool"
+    (a boolean [B, 1, 1, S] mask as SDPA hands it on: 0 or -inf), "masked_row" (a [L, S]
+    mask that hides every key from query row 0)."""
+    b, h, lq, s, d = shape
+    hk = h // 2 if "gqa" in variant else h
+
+    def heads(b, h, n, d):
+        """Non-contiguous ones laid out [B, L, H, D], as a projection's output is; eager's
+        CPU kernel assumes a unit stride along D (and is wrong without it)."""
+        return rand([b, h, n, d], dtype) if contiguous else rand([b, n, h, d], dtype).transpose(1, 2)
+
+    q, k, v = heads(b, h, lq, d), heads(b, hk, s, d), heads(b, hk, s, d)
+    kwargs = {"scale": 0.3} if "scale" in variant else {}
+    if "additive" in variant:
+        kwargs["attn_mask"] = rand([lq, s], dtype, scale=2.0)
+    if "full" in variant:
+        kwargs["attn_mask"] = rand([b, h, lq, s], dtype)
+    if "bool" in variant or "masked_row" in variant:
+        keep = torch.rand([b, 1, 1, s]) > 0.4 if "bool" in variant else torch.rand([lq, s]) > 0.4
+        keep[..., 0] = keep[..., -1] = True  # keys every row sees ...
+        if "masked_row" in variant:
+            keep[0] = False  # ... but row 0, which sees none: eager gives it 0s
+        kwargs["attn_mask"] = torch.zeros(keep.shape).masked_fill(~keep, float("-inf")).to(dtype)
+    return [q, k, v, 0.0, "causal" in variant], kwargs
+
+
+def _attention(shape, dtype, contiguous, variant):
+    args, kwargs = _attention_inputs(shape, dtype, contiguous, variant)
+    return tuple(args), kwargs
+
+
+def _attention_backward(shape, dtype, contiguous, variant):
+    (q, k, v, dropout_p, causal), kwargs = _attention_inputs(shape, dtype, contiguous, variant)
+    out, lse = aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, dropout_p, causal, **kwargs)
+    grad = rand(out.shape, dtype) if contiguous else rand(list(out.transpose(1, 2).shape), dtype).transpose(1, 2)
+    return (grad, q, k, v, out, lse, dropout_p, causal), kwargs
 
 
 @dataclasses.dataclass
@@ -169,6 +207,8 @@ class Row:
     # Eager's kernel checks that its input is contiguous (native_group_norm): the float64
     # reference and eager then run on contiguous copies, and only ours sees the views.
     eager_needs_contiguous: bool = False
+    small: tuple = (3, 40)  # the shape of the forced-decomposition and dump tests
+    strided: tuple = (7, 5)  # the shape of the non-contiguous test
 
 
 _WIDTHS = [(4, 1), (3, 3), (2, 1000), (3, 4097), (0, 8)]
@@ -248,6 +288,17 @@ ROWS = {
         _BN_SHAPES,
     ),
 }
+_ATTENTION_VARIANTS = ["none", "causal", "additive", "bool", "full_scale", "gqa", "gqa_causal_additive",
+                       "causal_bool_scale", "masked_row"]
+_ATTENTION_SHAPES = [(2, 4, 17, 17, 8), (1, 2, 3, 1, 64), (2, 2, 1, 17, 8), (1, 4, 33, 20, 16), (0, 4, 5, 9, 8)]
+ROWS["_scaled_dot_product_flash_attention_for_cpu"] = Row(
+    _attention, _ATTENTION_VARIANTS, _ATTENTION_SHAPES, small=(2, 4, 9, 5, 8), strided=(2, 4, 9, 5, 8))
+# Where a query row sees a single key (S = 1, or L = 1 under a causal mask) its dq is 0 up to
+# rounding, and a relative error measures nothing: the backward's shapes avoid that.
+ROWS["_scaled_dot_product_flash_attention_for_cpu_backward"] = Row(
+    _attention_backward, _ATTENTION_VARIANTS,
+    [(2, 4, 17, 17, 8), (1, 2, 3, 5, 64), (1, 4, 33, 20, 16), (2, 2, 17, 3, 8), (0, 4, 5, 9, 8)],
+    small=(2, 4, 9, 5, 8), strided=(2, 4, 9, 5, 8))
 
 
 def test_every_composite_has_a_template_and_a_test_row():
@@ -320,7 +371,7 @@ def check_against_float64(name, dtype, shape, variant, contiguous=True, expect_c
     ours = torch.compile(fn, backend="boo", dynamic=False)(*args)
     if row.eager_needs_contiguous:
         args = [a.contiguous() if isinstance(a, torch.Tensor) else a for a in args]
-    ref = op(*row.reference_args([_to64(a) for a in args]), **kwargs)
+    ref = op(*row.reference_args([_to64(a) for a in args]), **{k: _to64(v) for k, v in kwargs.items()})
     try:
         eager = op(*args, **kwargs)
     except RuntimeError:  # half_to_float does not run on the CPU
@@ -350,7 +401,7 @@ def test_composite_matches_float64(name, dtype, shape, variant):
 @pytest.mark.parametrize("name", sorted(ROWS))
 def test_composite_non_contiguous_inputs(name):
     row = ROWS[name]
-    shape = (6, 3, 16) if name.startswith("native") else (7, 5)
+    shape = (6, 3, 16) if name.startswith("native") else row.strided
     check_against_float64(name, torch.float32, shape, row.variants[0], contiguous=False)
 
 
@@ -359,7 +410,7 @@ def test_forced_decomposition_matches_float64(name, monkeypatch, tmp_path):
     monkeypatch.setenv("BOO_FORCE_DECOMPOSE", name)
     monkeypatch.setenv("BOO_DUMP_DIR", str(tmp_path))
     row = ROWS[name]
-    check_against_float64(name, torch.float32, (3, 40), row.variants[0], expect_composite=False)
+    check_against_float64(name, torch.float32, row.small, row.variants[0], expect_composite=False)
     mlir = "\n".join(p.read_text() for p in tmp_path.rglob("*.mlir"))
     assert f"@boo.{name}." not in mlir and "boo.composite" not in mlir
 
@@ -368,7 +419,7 @@ def test_forced_decomposition_matches_float64(name, monkeypatch, tmp_path):
 def test_dumped_module_names_its_composite(name, monkeypatch, tmp_path):
     monkeypatch.setenv("BOO_DUMP_DIR", str(tmp_path))
     row = ROWS[name]
-    check_against_float64(name, torch.float32, (3, 40), row.variants[0])
+    check_against_float64(name, torch.float32, row.small, row.variants[0])
     (mlir,) = [p.read_text() for p in tmp_path.rglob("*.mlir")]
     entry = composites.by_name(name)
     assert f"func.func private @boo.{name}.v{entry.version}." in mlir
@@ -378,5 +429,7 @@ def test_dumped_module_names_its_composite(name, monkeypatch, tmp_path):
                 "rms_norm": "eps", "rms_norm_backward": "norm_dtype",
                 "native_group_norm": "groups", "native_group_norm_backward": "output_mask",
                 "_native_batch_norm_legit_functional": "momentum",
-                "_native_batch_norm_legit_no_training": "eps", "native_batch_norm_backward": "train"}
+                "_native_batch_norm_legit_no_training": "eps", "native_batch_norm_backward": "train",
+                "_scaled_dot_product_flash_attention_for_cpu": "kv_heads",
+                "_scaled_dot_product_flash_attention_for_cpu_backward": "scale"}
     assert f"{expected.get(name, 'approximate')} = " in mlir.split("boo.params = {", 1)[1].split("}", 1)[0]

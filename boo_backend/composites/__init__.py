@@ -141,4 +141,4 @@ def common_decline(tensors: list, outs: list) -> str | None:
     return None
 
 
-from . import batch_norm, gelu, group_norm, layer_norm, rms_norm, softmax  # noqa: E402,F401  (families register themselves)
+from . import attention, batch_norm, gelu, group_norm, layer_norm, rms_norm, softmax  # noqa: E402,F401  (families register themselves)

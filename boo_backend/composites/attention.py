@@ -1,0 +1,133 @@
+"""Scaled dot-product attention as the CPU flash ops that SDPA reaches after AOTAutograd:
+the forward (output and log-sum-exp) and the backward (dq, dk, dv in one kernel).
+
+Inputs are [B, H, L, D] queries and [B, Hk, S, D] keys and values; Hk divides H (grouped-
+query heads: query head h reads key head h // (H // Hk)). Masks are additive float masks of
+q's dtype, 2-D [L, S] or 4-D broadcastable to [B, H, L, S] (SDPA turns boolean masks into
+such a float mask before the op); `is_causal` aligns to the top left. No dropout.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ..decompositions import FALLBACK
+from . import ELEMENT_TYPES, Composite, common_decline, random_tensor, register
+
+aten = torch.ops.aten
+FORWARD = aten._scaled_dot_product_flash_attention_for_cpu.default
+BACKWARD = aten._scaled_dot_product_flash_attention_for_cpu_backward.default
+
+
+def _mask_decline(mask, q, k) -> str | None:
+    if mask is None:
+        return None
+    if mask.dtype != q.dtype:
+        return f"attn_mask of dtype {mask.dtype} with {q.dtype} inputs (the op takes q's dtype)"
+    if mask.dim() not in (2, 4):
+        return f"attn_mask of rank {mask.dim()} (2 or 4 taken)"
+    full = [q.shape[0], q.shape[1], q.shape[2], k.shape[2]][4 - mask.dim():]
+    if any(m not in (1, f) for m, f in zip(mask.shape, full)):
+        return f"attn_mask {list(mask.shape)} does not broadcast to {full}"
+    return None
+
+
+def _decline(q, k, v, dropout_p, mask, tensors, outs) -> str | None:
+    """What the kernels share: 4-D inputs of one dtype, grouped heads, no dropout."""
+    if dropout_p != 0.0:
+        return f"dropout_p={dropout_p} (dropout is left to the decomposition)"
+    reason = common_decline([*tensors, mask], outs)
+    if reason:
+        return reason
+    if any(t.dim() != 4 for t in (q, k, v)):
+        return "inputs not 4-D [B, H, L, D]"
+    if len({t.dtype for t in tensors}) != 1:
+        return f"mixed dtypes {sorted({str(t.dtype) for t in tensors})}"
+    if k.shape[1] == 0 or q.shape[1] % k.shape[1] or k.shape[:3] != v.shape[:3] or q.shape[0] != k.shape[0]:
+        return f"heads or sizes do not fit: q={list(q.shape)} k={list(k.shape)} v={list(v.shape)}"
+    if q.shape[3] != k.shape[3]:
+        return f"q and k head dims differ: {q.shape[3]} vs {k.shape[3]}"
+    if k.shape[2] == 0 or q.shape[3] == 0 or v.shape[3] == 0:
+        return "no keys or an empty head dim"
+    return _mask_decline(mask, q, k)
+
+
+def _params(q, k, v, is_causal, mask, scale) -> dict:
+    b, h, lq, d = q.shape
+    return {
+        "B": b, "H": h, "Hk": k.shape[1], "L": lq, "S": k.shape[2], "D": d, "Dv": v.shape[3],
+        "dtype": ELEMENT_TYPES[q.dtype],
+        "scale": float(scale) if scale is not None else 1.0 / math.sqrt(d),
+        "is_causal": bool(is_causal),
+        "mask_shape": None if mask is None else [1] * (4 - mask.dim()) + list(mask.shape),
+        "mask_rank": None if mask is None else mask.dim(),
+    }
+
+
+# -- _scaled_dot_product_flash_attention_for_cpu(query, key, value, dropout_p, is_causal, *,
+#                                                 attn_mask, scale) -> (output, logsumexp) ----
+
+
+def _forward_accepts(args, kwargs, outs):
+    q, k, v, dropout_p, _causal, mask, _scale = args
+    return _decline(q, k, v, dropout_p, mask, [q, k, v], list(outs))
+
+
+def _forward_params(args, kwargs, outs):
+    q, k, v, _dropout_p, is_causal, mask, scale = args
+    return _params(q, k, v, is_causal, mask, scale)
+
+
+def _sample_forward(shape, dtype, flags):
+    b, h, lq, d = shape
+    return [random_tensor(shape, dtype), random_tensor(shape, dtype), random_tensor(shape, dtype)], {}
+
+
+register(Composite(
+    op=FORWARD,
+    accepts=_forward_accepts,
+    params=_forward_params,
+    reference=FALLBACK[FORWARD],
+    tensor_args=(0, 1, 2, 5),
+    flags=1,
+    sample=_sample_forward,
+    family_name="attention",
+))
+
+
+# -- _scaled_dot_product_flash_attention_for_cpu_backward(grad_out, query, key, value, out,
+#        logsumexp, dropout_p, is_causal, *, attn_mask, scale) -> (grad_q, grad_k, grad_v) ----
+
+
+def _backward_accepts(args, kwargs, outs):
+    grad, q, k, v, out, lse, dropout_p, _causal, mask, _scale = args
+    if lse.dtype != torch.float32 or list(lse.shape) != list(q.shape[:3]):
+        return f"logsumexp {lse.dtype} {list(lse.shape)} (f32 [B, H, L] taken)"
+    if list(grad.shape) != list(out.shape) or list(out.shape) != [*q.shape[:3], v.shape[3]]:
+        return f"grad_out {list(grad.shape)} or out {list(out.shape)} does not fit q and v"
+    return _decline(q, k, v, dropout_p, mask, [grad, q, k, v, out], [o for o in outs if o is not None])
+
+
+def _backward_params(args, kwargs, outs):
+    _grad, q, k, v, _out, _lse, _dropout_p, is_causal, mask, scale = args
+    return _params(q, k, v, is_causal, mask, scale)
+
+
+def _sample_backward(shape, dtype, flags):
+    q, k, v = _sample_forward(shape, dtype, 1)[0]
+    out, lse = FORWARD(q, k, v)
+    return [random_tensor(shape, dtype), q, k, v, out, lse, 0.0, False], {}
+
+
+register(Composite(
+    op=BACKWARD,
+    accepts=_backward_accepts,
+    params=_backward_params,
+    reference=FALLBACK[BACKWARD],
+    tensor_args=(0, 1, 2, 3, 4, 5, 8),
+    flags=2,
+    sample=_sample_backward,
+    family_name="attention",
+))
