@@ -13,8 +13,18 @@ import torch
 
 from boo_backend import driver
 
-SIZES = ["8192x1024", "4096x4096", "4096x1024"]
-OPS = [("layer_norm", 1), ("layer_norm", 14), ("gelu", 1), ("gelu", 2)]
+# (driver op, -F bits, shapes): every shape has at least 1M elements.
+OPS = [
+    ("layer_norm", 1, ["8192x1024", "4096x4096"]), ("layer_norm", 14, ["8192x1024", "4096x4096"]),
+    ("gelu", 1, ["8192x1024"]), ("gelu", 2, ["8192x1024"]),
+    ("softmax", 1, ["8192x1024"]), ("softmax", 2, ["8192x1024"]),
+    ("log_softmax", 1, ["8192x1024"]), ("log_softmax", 2, ["8192x1024"]),
+    ("rms_norm", 1, ["8192x1024"]), ("rms_norm", 6, ["8192x1024"]),
+    ("group_norm", 1, ["32x64x32x32"]), ("group_norm", 14, ["32x64x32x32"]),
+    ("batch_norm", 1, ["32x64x32x32"]), ("batch_norm", 14, ["32x64x32x32"]),
+    ("batch_norm_eval", 1, ["32x64x32x32"]),
+    ("attention", 1, ["4x8x512x64"]), ("attention", 2, ["4x8x512x64"]),
+]
 
 
 def main(argv=None) -> int:
@@ -22,10 +32,13 @@ def main(argv=None) -> int:
     p.add_argument("--iter", type=int, default=20)
     p.add_argument("--dtypes", default="f32,bf16")
     p.add_argument("--csv", default=None)
+    p.add_argument("--ops", default=None, help="comma list of driver ops (default: all)")
     args = p.parse_args(argv)
+    wanted = None if args.ops is None else set(args.ops.split(","))
     commands = [
         f"{op} -X {size} -t {dtype} -F {flags} --backend eager,boo,boo-decomposed --iter {args.iter}"
-        for dtype in args.dtypes.split(",") for size in SIZES for op, flags in OPS
+        for dtype in args.dtypes.split(",") for op, flags, sizes in OPS for size in sizes
+        if wanted is None or op in wanted
     ]
     rows = []
     for i, text in enumerate(commands, 1):

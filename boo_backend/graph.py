@@ -5,6 +5,7 @@ Imports partition, lower, diagnose, compile, runtime, cache and config from boo_
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import logging
 import operator
@@ -48,12 +49,15 @@ class Placement:
     aten: int = 0  # left to ATen kernels by choice (BOO_ATEN_MATMUL)
     recovered: bool = False
     island_ops: tuple[str, ...] = ()
+    # The composites used, by name, with counts: (("rms_norm", 2), ("softmax", 1)).
+    composite_names: tuple[tuple[str, int], ...] = ()
 
     def line(self) -> str:
+        names = ", ".join(name if n == 1 else f"{name} x{n}" for name, n in self.composite_names)
         text = (
             f"{self.name}: {self.kind} graph, {self.ops} ops: {self.iree} to IREE "
-            f"({self.composites} as composites), {self.decomposed} decomposed at FX level, "
-            f"{self.island} in eager islands"
+            f"({self.composites} as composites{': ' + names if names else ''}), "
+            f"{self.decomposed} decomposed at FX level, {self.island} in eager islands"
         )
         if self.aten:
             text += f", {self.aten} as ATen matmul kernels"
@@ -203,7 +207,7 @@ class CompiledGraph:
         plan = Plan.from_json(cached) if cached else Plan()
         dump = self._dump_dir(name)
         try:
-            runner, composites, aten, island = self._assemble_until_placed(args, plan, dump)
+            runner, used, aten, island = self._assemble_until_placed(args, plan, dump)
         except BooStrictError:
             raise
         except Exception as e:  # anything the compiler stack throws that we cannot attribute
@@ -227,7 +231,8 @@ class CompiledGraph:
         decomposed = min(decomposed, len(ops) - island - aten)
         placement = Placement(
             name, self.kind, len(ops), len(ops) - island - decomposed - aten, decomposed, island,
-            composites, aten, island_ops=tuple(sorted(plan.island)),
+            len(used), aten, island_ops=tuple(sorted(plan.island)),
+            composite_names=tuple(sorted(collections.Counter(used).items())),
         )
         self._record(placement)
         if isinstance(runner, IreePart):  # one module, no islands: skip all of this next time
@@ -249,6 +254,7 @@ class CompiledGraph:
                 vmfb = compile_mlir(lowered.mlir, target, self.cache, self.opts.compile_timeout)
                 function = IreeFunction(vmfb, target, graph=name, writes=frozenset(lowered.writes))
             extra["island_ops"] = tuple(extra["island_ops"])
+            extra["composite_names"] = tuple(tuple(c) for c in extra.get("composite_names", ()))
             self._record(Placement(name=name, **extra))
             return IreePart(lowered, function)
         except Exception as e:  # a stale or unreadable entry: build from scratch

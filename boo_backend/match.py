@@ -79,12 +79,12 @@ def canonical_table(opts: Options) -> dict:
     return {op: e.canonical for op, e in composites.enabled(opts.force_decompose).items() if e.canonical}
 
 
-def apply(gm: fx.GraphModule, opts: Options, target: str) -> int:
+def apply(gm: fx.GraphModule, opts: Options, target: str) -> list[str]:
     """Mark the nodes of `gm` that enabled composites accept (in canonical form already: see
-    canonical_table); returns how many were marked. `target` (llvm-cpu, cuda, rocm) reaches
+    canonical_table); returns the composite names of the marked nodes, in graph order. `target` (llvm-cpu, cuda, rocm) reaches
     the templates, which may tune their layout to it."""
     enabled = composites.enabled(opts.force_decompose)
-    matched = 0
+    matched = []
     for node in gm.graph.nodes:
         entry = enabled.get(node.target) if node.op == "call_function" else None
         if entry is None:
@@ -94,7 +94,7 @@ def apply(gm: fx.GraphModule, opts: Options, target: str) -> int:
             log.debug("boo: composite %s declines %s: %s", entry.name, node.name, result)
             continue
         node.meta[META_KEY] = result
-        matched += 1
+        matched.append(entry.name)
     return matched
 
 

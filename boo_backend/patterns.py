@@ -12,8 +12,8 @@ then puts that op in the forward graph and its backward op in the backward graph
 Dynamo's graph says one thing many ways: `x.pow(2)` and `torch.pow(x, 2)`, `a * b` and
 `torch.mul(a, b)`, arguments by position or by name. Both the graph and each pattern are
 first put in one form: Tensor methods and operators become torch functions, `0.5 * x`
-becomes `x * 0.5`, and every call names all of its arguments (torch.fx's
-normalize_function). The patterns are matched with torch.fx's SubgraphMatcher.
+becomes `x * 0.5`, and every call's arguments are bound to its signature, defaults filled
+in (torch.fx's normalize_function). The patterns are matched with torch.fx's SubgraphMatcher.
 
 A pattern's literals must equal the graph's (within 1e-6 for floats), except those written
 as `Wild("name")`, which match any value and are handed to the pattern's `replace`.
@@ -26,6 +26,7 @@ import dataclasses
 import logging
 import math
 import operator
+import warnings
 from typing import Callable
 
 import torch
@@ -89,6 +90,12 @@ def _tensor_result(node: fx.Node) -> bool:
     return isinstance(_example(node), torch.Tensor)
 
 
+def _kind(a) -> type:
+    """The type normalize_function resolves overloads by."""
+    value = _example(a)
+    return torch.Tensor if isinstance(value, torch.Tensor) else type(value)
+
+
 def normalize(graph: fx.Graph) -> None:
     """Put `graph` in the normal form (in place). Nodes whose result is not a tensor (SymInt
     arithmetic) and calls whose arguments cannot be named are left as they are."""
@@ -106,7 +113,9 @@ def normalize(graph: fx.Graph) -> None:
             fn = _OPERATORS[target]
         elif node.op == "call_function" and target is torch.nn.functional.softmax:
             fn = torch.softmax
-        elif node.op == "call_function" and callable(target) and getattr(torch, getattr(target, "__name__", ""), None) is target:
+        elif node.op == "call_function" and callable(target) and any(
+            getattr(ns, getattr(target, "__name__", ""), None) is target for ns in (torch, torch.nn.functional)
+        ):
             fn = target
         else:
             continue
@@ -116,18 +125,17 @@ def normalize(graph: fx.Graph) -> None:
         kwargs.pop("_stacklevel", None)
         if fn in _COMMUTATIVE and len(args) == 2 and not isinstance(args[0], fx.Node) and isinstance(args[1], fx.Node):
             args.reverse()
-        def kind(a):
-            value = _example(a)
-            return torch.Tensor if isinstance(value, torch.Tensor) else type(value)
-
         try:
-            pair = normalize_function(fn, tuple(args), kwargs, arg_types=tuple(map(kind, args)),
-                                      kwarg_types={k: kind(v) for k, v in kwargs.items()},
-                                      normalize_to_only_use_kwargs=False)
-        except Exception:  # noqa: BLE001  (an overload it cannot resolve: leave the node)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # "Does not support nested parametric types"
+                pair = normalize_function(fn, tuple(args), kwargs, arg_types=tuple(map(_kind, args)),
+                                          kwarg_types={k: _kind(v) for k, v in kwargs.items()},
+                                          normalize_to_only_use_kwargs=False)
+        except Exception:  # noqa: BLE001  (an overload it cannot resolve: the arguments as given)
             pair = None
         if pair is not None:
-            node.op, node.target, node.args, node.kwargs = "call_function", fn, tuple(pair.args), dict(pair.kwargs)
+            args, kwargs = list(pair.args), dict(pair.kwargs)
+        node.op, node.target, node.args, node.kwargs = "call_function", fn, tuple(args), kwargs
 
 
 def _pattern_graph(pattern: Pattern) -> fx.Graph:

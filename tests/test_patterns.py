@@ -6,6 +6,8 @@ BOO_FORCE_DECOMPOSE naming the composite turns its patterns off; a chain a patte
 take (float64, a weight that broadcasts differently) is left alone and still right.
 """
 
+import copy
+
 import pytest
 import torch
 from transformers.activations import NewGELUActivation
@@ -135,3 +137,29 @@ def test_weight_that_broadcasts_otherwise_is_left_alone():
     assert_close(ours[0], ref[0], "output")
     assert_close(list(ours[1]), list(ref[1]), "grads")
     assert sum(_composites_by_graph().values()) == 0
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_eager_attention_becomes_the_attention_composite(dtype):
+    """Hugging Face's eager attention (matmul, scale, mask, softmax in f32, dropout 0,
+    matmul) in a Llama layer with grouped-query heads, trained one step."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                      num_attention_heads=4, num_key_value_heads=2, attn_implementation="eager")
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(cfg).to(dtype)
+    ref = copy.deepcopy(model)
+    ids = torch.randint(0, 64, (2, 9))
+    boo_backend.reset()
+    ours = torch.compile(model, backend="boo", dynamic=False)(input_ids=ids, labels=ids)
+    ours.loss.backward()
+    expected = ref(input_ids=ids, labels=ids)
+    expected.loss.backward()
+    tol = {} if dtype == torch.float32 else {"rtol": 3e-2, "atol": 3e-2}
+    assert_close(ours.loss.detach(), expected.loss.detach(), "loss", **tol)
+    for (name, p), q in zip(model.named_parameters(), ref.parameters()):
+        assert_close(p.grad, q.grad, f"grad of {name}", **({"rtol": 1e-4, "atol": 1e-5} if not tol else tol))
+    names = {n for p in boo_backend.placements() for n, _ in p.composite_names}
+    assert {"_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_flash_attention_for_cpu_backward"} <= names, \
+        [p.line() for p in boo_backend.placements()]

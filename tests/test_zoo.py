@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import boo_backend
+from boo_backend import composites
 from boo_backend.zoo import MODELS
 from util import assert_close
 
@@ -24,6 +25,35 @@ def _close_to_scale(ours, ref, what, rel=1e-4, floor=1e-7):
     err = (ours.double() - ref.double()).abs().max().item() if ref.numel() else 0.0
     bound = rel * (ref.double().abs().max().item() if ref.numel() else 0.0) + floor
     assert err <= bound, f"{what}: largest error {err:.3g} > {bound:.3g} (ours | torch differ)"
+
+
+# Composite families each model's graphs must use (by name, in the placements): the ops
+# real training steps spend their time in reach their kernels, hand-written chains included.
+EXPECTED_COMPOSITES = {
+    "llama": {"rms_norm", "attention"},
+    "qwen2": {"rms_norm", "attention"},
+    "gpt2": {"layer_norm", "gelu", "attention"},
+    "bert": {"layer_norm", "gelu", "attention"},
+    "t5": {"rms_norm", "attention"},
+    "resnet": {"batch_norm"},
+}
+
+
+def _composite_families(kinds) -> set[str]:
+    return {
+        composites.by_name(name).family
+        for p in boo_backend.placements() if p.kind in kinds
+        for name, _ in p.composite_names
+    }
+
+
+def _assert_composites(name, kinds):
+    for kind in kinds:
+        expected = EXPECTED_COMPOSITES.get(name, set())
+        if kind == "inference":  # batch norm in eval has its own kernel
+            expected = {"batch_norm_eval" if f == "batch_norm" else f for f in expected}
+        missing = expected - _composite_families({kind})
+        assert not missing, f"{name} {kind}: no {sorted(missing)} composite; {[p.line() for p in boo_backend.placements()]}"
 
 
 def _assert_all_in_iree():
@@ -47,6 +77,7 @@ def test_training_step(name):
     expected.loss.backward()
     _assert_all_in_iree()
     assert {"forward", "backward"} <= {p.kind for p in boo_backend.placements()}
+    _assert_composites(name, ["forward", "backward"])
 
     assert_close(out.loss.detach(), expected.loss.detach(), "loss")
     _close_to_scale(out.logits.detach(), expected.logits.detach(), "logits")
@@ -76,5 +107,6 @@ def test_inference(name):
         ref = model(**batch)
     _assert_all_in_iree()
     assert {p.kind for p in boo_backend.placements()} == {"inference"}
+    _assert_composites(name, ["inference"])
     assert_close(ours.loss, ref.loss, "loss")
     _close_to_scale(ours.logits, ref.logits, "logits")

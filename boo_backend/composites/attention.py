@@ -14,7 +14,8 @@ import math
 import torch
 
 from ..decompositions import FALLBACK
-from . import ELEMENT_TYPES, Composite, common_decline, random_tensor, register
+from ..patterns import Pattern, Wild
+from . import ELEMENT_TYPES, Composite, common_decline, random_tensor, register, register_pattern
 
 aten = torch.ops.aten
 FORWARD = aten._scaled_dot_product_flash_attention_for_cpu.default
@@ -131,3 +132,44 @@ register(Composite(
     sample=_sample_backward,
     family_name="attention",
 ))
+
+
+# -- pattern: attention written out (Hugging Face's eager_attention_forward) -----------------
+
+
+def _eager_attention(masked, dropout):
+    """matmul(q, k^T) * scale [+ mask], softmax in f32, back to q's dtype, [dropout,] @ v."""
+    def search(q, k, v, mask=None):
+        scores = torch.matmul(q, k.transpose(2, 3)) * Wild("scale")
+        if masked:
+            scores = scores + mask
+        weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(Wild("dtype"))
+        if dropout:
+            weights = torch.nn.functional.dropout(weights, p=Wild("p"), training=Wild("training"))
+        return torch.matmul(weights, v)
+
+    def replace(graph, inputs, captures, values):
+        q, k, v = values["inputs"][:3]
+        if captures["dtype"] != q.dtype or not (q.dtype == k.dtype == v.dtype) or q.dtype not in ELEMENT_TYPES:
+            return f"dtypes {q.dtype}, {k.dtype}, {v.dtype} cast to {captures['dtype']}"
+        if dropout and captures["p"] != 0.0 and captures["training"] is not False:
+            return "dropout in training"
+        if not (q.dim() == k.dim() == v.dim() == 4) or k.shape[1] != q.shape[1] or v.shape[1] != q.shape[1]:
+            return "not [B, H, L, D] inputs with as many key heads"
+        if masked and values["inputs"][3].dtype not in (q.dtype, torch.float32):
+            return f"mask of dtype {values['inputs'][3].dtype}"
+        kwargs = {"scale": float(captures["scale"])}
+        if masked:
+            kwargs["attn_mask"] = inputs[3]
+        return graph.call_function(torch.nn.functional.scaled_dot_product_attention, tuple(inputs[:3]), kwargs)
+
+    if masked:
+        return search, replace
+    return (lambda q, k, v: search(q, k, v)), replace
+
+
+for _masked in (True, False):
+    for _dropout in (True, False):
+        register_pattern(Pattern("eager_attention", ("_scaled_dot_product_flash_attention_for_cpu",
+                                                     "_scaled_dot_product_flash_attention_for_cpu_backward"),
+                                 *_eager_attention(_masked, _dropout)))
