@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import logging
 import math
 import operator
@@ -138,6 +139,7 @@ def normalize(graph: fx.Graph) -> None:
         node.op, node.target, node.args, node.kwargs = "call_function", fn, tuple(args), kwargs
 
 
+@functools.cache
 def _pattern_graph(pattern: Pattern) -> fx.Graph:
     """The pattern's search function traced and put in the normal form, with example
     tensors standing in for its inputs (normalize_function needs their types)."""
