@@ -21,7 +21,8 @@ TARGETS = ["cuda:sm_80", "rocm:gfx942"]
 
 def _lowered(name, dtype, target="llvm-cpu"):
     row = ROWS[name]
-    args, kwargs = row.make((64, 256), dtype, True, row.variants[0])
+    shape = (64, 256) if len(row.small) == 2 else row.small  # attention's is (B, H, L, S, D)
+    args, kwargs = row.make(shape, dtype, True, row.variants[0])
     op = composites.by_name(name).op
     tensors = [a for a in args if isinstance(a, torch.Tensor)]
     positions = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
