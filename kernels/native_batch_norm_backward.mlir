@@ -1,7 +1,7 @@
 {#- native_batch_norm_backward on x[N, C, HW], per channel over (N, HW), cnt = N * HW, computing
     only what output_mask asks. mean, rstd: the saved ones when train, else running_mean and
     rsqrt(running_var + eps). With A = sum g, B = sum g * (x - mean) over (n, hw) (per-(n, c)
-    compensated sums over HW, then over the batch) and w = 1 when absent:
+    sums over HW, then over the batch, accumulated in f64) and w = 1 when absent:
       train: dx = w * rstd * (g - A/cnt - (x - mean) * rstd^2 * B/cnt)
       eval:  dx = g * w * rstd
       dw = B * rstd,  db = A
@@ -9,12 +9,6 @@
     running_var, save_mean, save_invstd; None when absent; the unused ones are ignored),
     output_mask. -#}
 {% import "_helpers.mlir" as h with context %}
-{% macro kahan(s, term) -%}
-%y{{ s }} = arith.subf {{ term }}, %e{{ s }} : f32
-    %{{ s }}n = arith.addf %{{ s }}, %y{{ s }} : f32
-    %t{{ s }} = arith.subf %{{ s }}n, %{{ s }} : f32
-    %e{{ s }}n = arith.subf %t{{ s }}, %y{{ s }} : f32
-{%- endmacro %}
 {% set X = h.tensor([N, C, HW], dtype) %}
 {% set V = h.tensor([C], dtype) %}
 {% set P = h.tensor([N, C], "f32") %}
@@ -47,28 +41,45 @@ func.func private @{{ func_name }}(%g: {{ X }}, %x: {{ X }}{% if has_weight %}, 
 {% endif %}
   } -> ({{ COL }}, {{ COL }})
 {% if need_sums %}
-  %p_empty = tensor.empty() : {{ P }}
-  %p_zero = linalg.fill ins(%zero : f32) outs(%p_empty : {{ P }}) -> {{ P }}
-  %ab:4 = linalg.generic {indexing_maps = [{{ h.map(3) }}, {{ h.map(3) }}, {{ h.map(3, [1]) }}{% for i in range(4) %}, {{ h.map(3, [0, 1]) }}{% endfor %}],
+  {#- f64 accumulators: a plain f32 sum over thousands of terms that cancel loses about
+      log2(N * HW) bits of dweight; the passes are memory bound, so f64 adds cost little
+      (compensated f32 sums cost more and did not vectorize). #}
+{% set P64 = h.tensor([N, C], "f64") %}
+{% set COL64 = h.tensor([C], "f64") %}
+  %zero64 = arith.constant 0.0 : f64
+  %p_empty = tensor.empty() : {{ P64 }}
+  %p_zero = linalg.fill ins(%zero64 : f64) outs(%p_empty : {{ P64 }}) -> {{ P64 }}
+  %ab:2 = linalg.generic {indexing_maps = [{{ h.map(3) }}, {{ h.map(3) }}, {{ h.map(3, [1]) }}, {{ h.map(3, [0, 1]) }}, {{ h.map(3, [0, 1]) }}],
                           iterator_types = ["parallel", "parallel", "reduction"]}
-      ins(%g, %x, %mr#0 : {{ X }}, {{ X }}, {{ COL }}) outs(%p_zero, %p_zero, %p_zero, %p_zero : {{ P }}, {{ P }}, {{ P }}, {{ P }}) {
-  ^bb0(%gin: {{ dtype }}, %xin: {{ dtype }}, %mu: f32, %a: f32, %b: f32, %ea: f32, %eb: f32):
+      ins(%g, %x, %mr#0 : {{ X }}, {{ X }}, {{ COL }}) outs(%p_zero, %p_zero : {{ P64 }}, {{ P64 }}) {
+  ^bb0(%gin: {{ dtype }}, %xin: {{ dtype }}, %mu: f32, %a: f64, %b: f64):
     {{ h.to_f32("gf", "gin", dtype) }}
     {{ h.to_f32("xf", "xin", dtype) }}
     %c = arith.subf {{ h.f32ref("xf", "xin", dtype) }}, %mu : f32
     %gc = arith.mulf {{ h.f32ref("gf", "gin", dtype) }}, %c : f32
-    {{ kahan("a", h.f32ref("gf", "gin", dtype)) }}
-    {{ kahan("b", "%gc") }}
-    linalg.yield %an, %bn, %ean, %ebn : f32, f32, f32, f32
-  } -> ({{ P }}, {{ P }}, {{ P }}, {{ P }})
-  %sums:4 = linalg.generic {indexing_maps = [{{ h.map(2, [1, 0]) }}, {{ h.map(2, [1, 0]) }}{% for i in range(4) %}, {{ h.map(2, [0]) }}{% endfor %}],
-                            iterator_types = ["parallel", "reduction"]}
-      ins(%ab#0, %ab#1 : {{ P }}, {{ P }}) outs(%col_zero, %col_zero, %col_zero, %col_zero : {{ COL }}, {{ COL }}, {{ COL }}, {{ COL }}) {
-  ^bb0(%pa: f32, %pb: f32, %a: f32, %b: f32, %ea: f32, %eb: f32):
-    {{ kahan("a", "%pa") }}
-    {{ kahan("b", "%pb") }}
-    linalg.yield %an, %bn, %ean, %ebn : f32, f32, f32, f32
-  } -> ({{ COL }}, {{ COL }}, {{ COL }}, {{ COL }})
+    %g64 = arith.extf {{ h.f32ref("gf", "gin", dtype) }} : f32 to f64
+    %gc64 = arith.extf %gc : f32 to f64
+    %an = arith.addf %a, %g64 : f64
+    %bn = arith.addf %b, %gc64 : f64
+    linalg.yield %an, %bn : f64, f64
+  } -> ({{ P64 }}, {{ P64 }})
+  %col64_empty = tensor.empty() : {{ COL64 }}
+  %col64_zero = linalg.fill ins(%zero64 : f64) outs(%col64_empty : {{ COL64 }}) -> {{ COL64 }}
+  %sums64:2 = linalg.generic {indexing_maps = [{{ h.map(2, [1, 0]) }}, {{ h.map(2, [1, 0]) }}, {{ h.map(2, [0]) }}, {{ h.map(2, [0]) }}],
+                              iterator_types = ["parallel", "reduction"]}
+      ins(%ab#0, %ab#1 : {{ P64 }}, {{ P64 }}) outs(%col64_zero, %col64_zero : {{ COL64 }}, {{ COL64 }}) {
+  ^bb0(%pa: f64, %pb: f64, %a: f64, %b: f64):
+    %an = arith.addf %a, %pa : f64
+    %bn = arith.addf %b, %pb : f64
+    linalg.yield %an, %bn : f64, f64
+  } -> ({{ COL64 }}, {{ COL64 }})
+  %sums:2 = linalg.generic {indexing_maps = [{{ h.map(1) }}, {{ h.map(1) }}, {{ h.map(1) }}, {{ h.map(1) }}], iterator_types = ["parallel"]}
+      ins(%sums64#0, %sums64#1 : {{ COL64 }}, {{ COL64 }}) outs(%col_empty, %col_empty : {{ COL }}, {{ COL }}) {
+  ^bb0(%a: f64, %b: f64, %u0: f32, %u1: f32):
+    %a32 = arith.truncf %a : f64 to f32
+    %b32 = arith.truncf %b : f64 to f32
+    linalg.yield %a32, %b32 : f32, f32
+  } -> ({{ COL }}, {{ COL }})
 {% endif %}
 {% if output_mask[0] %}
   {#- Per channel: dx = g * k1 - (x - mean) * k2 - k3, folding the channel constants. #}
