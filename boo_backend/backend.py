@@ -27,7 +27,7 @@ def boo(gm: fx.GraphModule, example_inputs, options: dict | None = None, **kwarg
     opts = Options.resolve({**(options or {}), **kwargs})
     composites.disabled(opts.force_decompose)  # an unknown composite name fails here, early
     graph_id = next(_graph_ids)
-    gm = patterns.apply(gm, opts.force_decompose)
+    gm = patterns.apply(gm, opts.force_decompose, opts.strict)
 
     def compiler(kind: str):
         def compile_graph(graph: fx.GraphModule, _example_inputs):

@@ -1,6 +1,7 @@
 """Before AOTAutograd: rewrite the chains models write by hand into ops composites compute.
 
-Imports the composite registry (where each pattern is declared, next to its composite).
+Imports config; the composite registry (where each pattern is declared, next to its
+composite) is read at call time.
 
 A hand-written RMS norm (`x.to(float32).pow(2).mean(-1, keepdim=True)`, `rsqrt`, `*`, ...)
 decomposes to a dozen ATen ops in AOTAutograd's forward graph and more in its backward, so
@@ -34,6 +35,8 @@ import torch
 import torch.fx as fx
 from torch.fx.operator_schemas import normalize_function
 from torch.fx.passes.utils.matcher_utils import InternalMatch, SubgraphMatcher
+
+from .config import BooFallbackWarning
 
 log = logging.getLogger("boo_backend")
 
@@ -203,24 +206,31 @@ def active(force_decompose: str) -> list[Pattern]:
     return [p for p in composites.PATTERNS if not any(composites.by_name(n).op in off for n in p.composites)]
 
 
-def apply(gm: fx.GraphModule, force_decompose: str) -> fx.GraphModule:
-    """`gm`, or a rewritten copy of it where enabled patterns matched."""
+def apply(gm: fx.GraphModule, force_decompose: str, strict: bool = False) -> fx.GraphModule:
+    """`gm`, or a rewritten copy of it where enabled patterns matched. A pattern that fails
+    leaves the graph as Dynamo gave it (with a warning; strict mode raises)."""
     patterns = active(force_decompose)
     if not patterns:
         return gm
-    graph = copy.deepcopy(gm.graph)
-    normalize(graph)
-    replaced = 0
-    for pattern in patterns:
-        matcher = _Matcher(_pattern_graph(pattern), match_output=False, match_placeholder=False,
-                           remove_overlapping_matches=True)
-        for match in matcher.match(graph):
-            replaced += _replace(graph, pattern, match)
-    if not replaced:
+    try:
+        graph = copy.deepcopy(gm.graph)
+        normalize(graph)
+        replaced = 0
+        for pattern in patterns:
+            matcher = _Matcher(_pattern_graph(pattern), match_output=False, match_placeholder=False,
+                               remove_overlapping_matches=True)
+            for match in matcher.match(graph):
+                replaced += _replace(graph, pattern, match)
+        if not replaced:
+            return gm
+        graph.lint()
+        return fx.GraphModule(gm, graph)
+    except Exception as e:  # a bug in a pattern must not cost the user the model
+        if strict:
+            raise
+        warnings.warn(f"boo: matching hand-written chains failed ({type(e).__name__}: {e}); "
+                      "compiling the graph without patterns", BooFallbackWarning, stacklevel=2)
         return gm
-    graph.lint()
-    out = fx.GraphModule(gm, graph)
-    return out
 
 
 def _position(graph: fx.Graph):

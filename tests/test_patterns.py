@@ -163,3 +163,27 @@ def test_eager_attention_becomes_the_attention_composite(dtype):
     names = {n for p in boo_backend.placements() for n, _ in p.composite_names}
     assert {"_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_flash_attention_for_cpu_backward"} <= names, \
         [p.line() for p in boo_backend.placements()]
+
+
+def test_a_failing_pattern_leaves_the_graph_to_the_rest_of_boo(monkeypatch):
+    """A bug in a pattern's replacement costs the patterns, not the model: a warning and
+    the graph as Dynamo gave it; strict mode raises."""
+    from boo_backend import composites
+    from boo_backend.patterns import Pattern
+
+    def broken(graph, inputs, captures, values):
+        raise RuntimeError("a bug in a pattern")
+
+    monkeypatch.setattr(composites, "PATTERNS", [Pattern("broken", ("gelu",), lambda x: torch.tanh(x) + 1.0, broken)])
+    module = ScalarFirstGelu()
+    x = torch.randn(4, 8)
+    monkeypatch.setenv("BOO_STRICT", "0")
+    boo_backend.reset()
+    with pytest.warns(boo_backend.BooFallbackWarning, match="a bug in a pattern"):
+        ours = _run(module, x, "boo")
+    ref = _run(module, x, None)
+    assert_close(ours[0], ref[0], "output")
+    monkeypatch.setenv("BOO_STRICT", "1")
+    torch._dynamo.reset()
+    with pytest.raises(Exception, match="a bug in a pattern"):
+        _run(module, x, "boo")
