@@ -15,6 +15,7 @@ import torch
 from .. import ops
 from ..patterns import Pattern, Wild
 from . import ELEMENT_TYPES, Composite, common_decline, random_tensor, register, register_pattern
+from .layer_norm import column_split
 
 boo = torch.ops.boo
 aten = torch.ops.aten
@@ -105,16 +106,7 @@ def _backward_params(args, kwargs, outs):
     m, n = _rows_cols(x, normalized_shape)
     return {"M": m, "N": n, "dtype": ELEMENT_TYPES[x.dtype], "g_dtype": ELEMENT_TYPES[grad.dtype],
             "w_dtype": None if weight is None else ELEMENT_TYPES[weight.dtype],
-            "norm_dtype": _type(norm_dtype), "blocks": _column_split(m)}
-
-
-def _column_split(m: int) -> int:
-    """Row blocks for the weight-gradient column sums: partial sums per block in parallel,
-    then one short reduction over the blocks. A divisor of m."""
-    for blocks in (64, 32, 16, 8, 4, 2):
-        if m % blocks == 0 and m // blocks >= 8:
-            return blocks
-    return 1
+            "norm_dtype": _type(norm_dtype), "blocks": column_split(m)}
 
 
 def _backward_canonical(grad, x, rstd, normalized_shape, weight, norm_dtype):
