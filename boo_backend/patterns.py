@@ -116,6 +116,8 @@ def normalize(graph: fx.Graph) -> None:
         elif node.op == "call_function" and target in _OPERATORS:
             fn = _OPERATORS[target]
         elif node.op == "call_function" and target is torch.nn.functional.softmax:
+            if node.kwargs.get("dim", node.args[1] if len(node.args) > 1 else None) is None:
+                continue  # F.softmax's implicit dim has no torch.softmax twin
             fn = torch.softmax
         elif node.op == "call_function" and callable(target) and any(
             getattr(ns, getattr(target, "__name__", ""), None) is target for ns in (torch, torch.nn.functional)
