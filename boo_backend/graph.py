@@ -45,12 +45,16 @@ class Placement:
     iree: int
     decomposed: int
     island: int
-    composites: int = 0
     aten: int = 0  # left to ATen kernels by choice (BOO_ATEN_MATMUL)
     recovered: bool = False
     island_ops: tuple[str, ...] = ()
     # The composites used, by name, with counts: (("rms_norm", 2), ("softmax", 1)).
     composite_names: tuple[tuple[str, int], ...] = ()
+
+    @property
+    def composites(self) -> int:
+        """How many nodes composites computed."""
+        return sum(n for _, n in self.composite_names)
 
     def line(self) -> str:
         names = ", ".join(name if n == 1 else f"{name} x{n}" for name, n in self.composite_names)
@@ -231,7 +235,7 @@ class CompiledGraph:
         decomposed = min(decomposed, len(ops) - island - aten)
         placement = Placement(
             name, self.kind, len(ops), len(ops) - island - decomposed - aten, decomposed, island,
-            len(used), aten, island_ops=tuple(sorted(plan.island)),
+            aten, island_ops=tuple(sorted(plan.island)),
             composite_names=tuple(sorted(collections.Counter(used).items())),
         )
         self._record(placement)

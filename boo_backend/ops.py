@@ -29,7 +29,7 @@ def _opmath(t: torch.Tensor) -> torch.Tensor:
     return t if t.dtype == torch.float64 else t.float()
 
 
-def _normalized(x, normalized_shape, rstd, norm_dtype):
+def _normalized(x, rstd, norm_dtype):
     y = _opmath(x) * rstd
     return y if norm_dtype is None else y.to(norm_dtype).float()
 
@@ -38,7 +38,7 @@ def rms_norm_reference(x: torch.Tensor, normalized_shape: list[int], weight: tor
              norm_dtype: torch.dtype | None, out_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     xf = _opmath(x)
     rstd = torch.rsqrt(xf.pow(2).mean(_dims(x, normalized_shape), keepdim=True) + eps)
-    y = _normalized(x, normalized_shape, rstd, norm_dtype)
+    y = _normalized(x, rstd, norm_dtype)
     if weight is not None:
         y = y * _opmath(weight)
     return y.to(out_dtype), rstd
@@ -65,7 +65,7 @@ def rms_norm_backward_reference(grad: torch.Tensor, x: torch.Tensor, rstd: torch
         gy = gf
     else:
         lead = list(range(x.dim() - len(normalized_shape)))
-        yn = _normalized(x, normalized_shape, rstd, norm_dtype)
+        yn = _normalized(x, rstd, norm_dtype)
         dw = (gf * yn).sum(lead).to(weight.dtype) if lead else (gf * yn).to(weight.dtype)
         gy = gf * _opmath(weight)
     dx = rstd * (gy - y * (gy * y).mean(dims, keepdim=True))

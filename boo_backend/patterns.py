@@ -181,8 +181,6 @@ def _literals(match: InternalMatch) -> dict | None:
     for pn, gn in match.nodes_map.items():
         if pn.op in ("placeholder", "output"):
             continue
-        if pn.target != gn.target or set(pn.kwargs) != set(gn.kwargs) or len(pn.args) != len(gn.args):
-            return None
         if not all(compare(a, b) for a, b in zip(pn.args, gn.args)):
             return None
         if not all(compare(pn.kwargs[k], gn.kwargs[k]) for k in pn.kwargs):

@@ -60,11 +60,9 @@ def _layer_norm_backward(shape, dtype, contiguous, variant):
 _SOFTMAX = {"_softmax": aten._softmax.default, "_log_softmax": aten._log_softmax.default}
 
 
-def _softmax_forward(name):
-    def make(shape, dtype, contiguous, variant):
-        dim, half_to_float = variant
-        return (rand(shape, dtype, contiguous, scale=3.0), dim, half_to_float), {}
-    return make
+def _softmax_forward(shape, dtype, contiguous, variant):
+    dim, half_to_float = variant
+    return (rand(shape, dtype, contiguous, scale=3.0), dim, half_to_float), {}
 
 
 def _softmax_backward(name):
@@ -240,7 +238,7 @@ ROWS = {
     "rms_norm_backward": Row(_rms_norm_backward, [(True, False), (False, False), (True, True)],
                              _WIDTHS + [(2, 3, 16)]),
     **{
-        name: Row(_softmax_forward(name), [(-1, False), (0, False), (1, False), (-1, True)],
+        name: Row(_softmax_forward, [(-1, False), (0, False), (1, False), (-1, True)],
                   [(3, 7), (2, 3, 16)] + _WIDTHS, _half_only if name == "_log_softmax" else _low_precision_only,
                   lambda args: (args[0], args[1], False))  # half_to_float: float64 throughout
         for name in _SOFTMAX

@@ -23,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 from typing import Callable
 
 import torch
@@ -102,6 +103,16 @@ def for_flags(family: str, flags: int) -> list[Composite]:
         valid = ", ".join(f"{e.flags}={e.name}" for e in sorted(found, key=lambda e: e.flags))
         raise BooError(f"-F {flags} does not fit {family}; its bits are {valid}")
     return chosen
+
+
+def flat(t, shape):
+    """`t` reshaped (a canonical form's reshape), or None for an absent tensor."""
+    return None if t is None else torch.ops.aten.reshape.default(t, shape)
+
+
+def rows_cols(x, normalized_shape) -> tuple[int, int]:
+    """[M, N] for a norm of `x` over its trailing `normalized_shape`."""
+    return math.prod(x.shape[: x.dim() - len(normalized_shape)]), math.prod(normalized_shape)
 
 
 def random_tensor(shape, dtype, scale=1.0, shift=0.0) -> torch.Tensor:

@@ -18,13 +18,9 @@ import math
 import torch
 from torch._decomp import decomposition_table
 
-from . import ELEMENT_TYPES, Composite, common_decline, random_tensor, register
+from . import ELEMENT_TYPES, Composite, common_decline, flat, random_tensor, register
 
 aten = torch.ops.aten
-
-
-def _flat(t, shape):
-    return None if t is None else aten.reshape.default(t, shape)
 
 
 def _canonical_shape(x) -> list[int]:
@@ -87,9 +83,9 @@ def _train_canonical(x, weight, bias, rm, rv, training, momentum, eps):
     if x.dim() == 3 or x.dim() < 2:
         return NotImplemented
     out, *rest = aten._native_batch_norm_legit_functional.default(
-        _flat(x, _canonical_shape(x)), weight, bias, rm, rv, training, momentum, eps
+        flat(x, _canonical_shape(x)), weight, bias, rm, rv, training, momentum, eps
     )
-    return (_flat(out, list(x.shape)), *rest)
+    return (flat(out, list(x.shape)), *rest)
 
 
 def _sample_train(shape, dtype, flags):
@@ -134,9 +130,9 @@ def _eval_canonical(x, weight, bias, rm, rv, momentum, eps):
     if x.dim() == 3 or x.dim() < 2:
         return NotImplemented
     out, mean, rstd = aten._native_batch_norm_legit_no_training.default(
-        _flat(x, _canonical_shape(x)), weight, bias, rm, rv, momentum, eps
+        flat(x, _canonical_shape(x)), weight, bias, rm, rv, momentum, eps
     )
-    return _flat(out, list(x.shape)), mean, rstd
+    return flat(out, list(x.shape)), mean, rstd
 
 
 def _sample_eval(shape, dtype, flags):
@@ -193,9 +189,9 @@ def _backward_canonical(grad, x, weight, rm, rv, sm, si, train, eps, mask):
         return NotImplemented
     shape = _canonical_shape(x)
     dx, dw, db = aten.native_batch_norm_backward.default(
-        _flat(grad, shape), _flat(x, shape), weight, rm, rv, sm, si, train, eps, mask
+        flat(grad, shape), flat(x, shape), weight, rm, rv, sm, si, train, eps, mask
     )
-    return _flat(dx, list(x.shape)), dw, db
+    return flat(dx, list(x.shape)), dw, db
 
 
 def _sample_backward(shape, dtype, flags):

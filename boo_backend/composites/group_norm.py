@@ -10,13 +10,9 @@ from __future__ import annotations
 import torch
 from torch._decomp import decomposition_table
 
-from . import ELEMENT_TYPES, Composite, common_decline, random_tensor, register
+from . import ELEMENT_TYPES, Composite, common_decline, flat, random_tensor, register
 
 aten = torch.ops.aten
-
-
-def _flat(t, shape):
-    return None if t is None else aten.reshape.default(t, shape)
 
 
 def _decline(x, n, c, hxw, group, tensors, outs) -> str | None:
@@ -55,9 +51,9 @@ def _forward_canonical(x, weight, bias, n, c, hxw, group, eps):
     if x.dim() == 3:
         return NotImplemented
     out, mean, rstd = aten.native_group_norm.default(
-        _flat(x, [n, c, hxw]), weight, bias, n, c, hxw, group, eps
+        flat(x, [n, c, hxw]), weight, bias, n, c, hxw, group, eps
     )
-    return _flat(out, list(x.shape)), mean, rstd
+    return flat(out, list(x.shape)), mean, rstd
 
 
 def _groups(c: int) -> int:
@@ -123,9 +119,9 @@ def _backward_canonical(grad, x, mean, rstd, weight, n, c, hxw, group, mask):
     if x.dim() == 3:
         return NotImplemented
     dx, dw, db = aten.native_group_norm_backward.default(
-        _flat(grad, [n, c, hxw]), _flat(x, [n, c, hxw]), mean, rstd, weight, n, c, hxw, group, mask
+        flat(grad, [n, c, hxw]), flat(x, [n, c, hxw]), mean, rstd, weight, n, c, hxw, group, mask
     )
-    return _flat(dx, list(x.shape)), dw, db
+    return flat(dx, list(x.shape)), dw, db
 
 
 def _sample_backward(shape, dtype, flags):

@@ -6,24 +6,13 @@ reshapes any other call (several trailing normalized dims, extra batch dims) int
 
 from __future__ import annotations
 
-import math
 
 import torch
 from torch._decomp import decomposition_table
 
-from . import ELEMENT_TYPES, Composite, common_decline, random_tensor, register
+from . import ELEMENT_TYPES, Composite, common_decline, flat, rows_cols, random_tensor, register
 
 aten = torch.ops.aten
-
-
-def _rows_cols(x: torch.Tensor, normalized_shape) -> tuple[int, int]:
-    n = math.prod(normalized_shape)
-    m = math.prod(x.shape[: x.dim() - len(normalized_shape)])
-    return m, n
-
-
-def _flat(t, shape):
-    return None if t is None else aten.reshape.default(t, shape)
 
 
 def _is_canonical(x, normalized_shape) -> bool:
@@ -31,7 +20,7 @@ def _is_canonical(x, normalized_shape) -> bool:
 
 
 def _decline(x, normalized_shape, weight, bias, outs) -> str | None:
-    if _rows_cols(x, normalized_shape)[1] == 0:
+    if rows_cols(x, normalized_shape)[1] == 0:
         return "empty normalized shape"
     dtypes = {t.dtype for t in (x, weight, bias) if t is not None}
     if len(dtypes) != 1:
@@ -49,7 +38,7 @@ def _forward_accepts(args, kwargs, outs):
 
 def _forward_params(args, kwargs, outs):
     x, normalized_shape, weight, bias, eps = args
-    m, n = _rows_cols(x, normalized_shape)
+    m, n = rows_cols(x, normalized_shape)
     return {
         "M": m, "N": n, "eps": float(eps),
         "dtype": ELEMENT_TYPES[x.dtype], "stat_dtype": ELEMENT_TYPES[outs[1].dtype],
@@ -60,12 +49,12 @@ def _forward_params(args, kwargs, outs):
 def _forward_canonical(x, normalized_shape, weight, bias, eps):
     if _is_canonical(x, normalized_shape):
         return NotImplemented
-    m, n = _rows_cols(x, normalized_shape)
+    m, n = rows_cols(x, normalized_shape)
     out, mean, rstd = aten.native_layer_norm.default(
-        _flat(x, [m, n]), [n], _flat(weight, [n]), _flat(bias, [n]), eps
+        flat(x, [m, n]), [n], flat(weight, [n]), flat(bias, [n]), eps
     )
     stat_shape = list(x.shape[: x.dim() - len(normalized_shape)]) + [1] * len(normalized_shape)
-    return _flat(out, list(x.shape)), _flat(mean, stat_shape), _flat(rstd, stat_shape)
+    return flat(out, list(x.shape)), flat(mean, stat_shape), flat(rstd, stat_shape)
 
 
 def _sample_forward(shape, dtype, flags):
@@ -112,7 +101,7 @@ def column_split(m: int) -> int:
 
 def _backward_params(args, kwargs, outs):
     grad, x, normalized_shape, mean, rstd, weight, bias, mask = args
-    m, n = _rows_cols(x, normalized_shape)
+    m, n = rows_cols(x, normalized_shape)
     return {
         "M": m, "N": n,
         "dtype": ELEMENT_TYPES[x.dtype], "stat_dtype": ELEMENT_TYPES[mean.dtype],
@@ -125,15 +114,15 @@ def _backward_params(args, kwargs, outs):
 def _backward_canonical(grad, x, normalized_shape, mean, rstd, weight, bias, mask):
     if _is_canonical(x, normalized_shape):
         return NotImplemented
-    m, n = _rows_cols(x, normalized_shape)
+    m, n = rows_cols(x, normalized_shape)
     dx, dw, db = aten.native_layer_norm_backward.default(
-        _flat(grad, [m, n]), _flat(x, [m, n]), [n], _flat(mean, [m, 1]), _flat(rstd, [m, 1]),
-        _flat(weight, [n]), _flat(bias, [n]), mask,
+        flat(grad, [m, n]), flat(x, [m, n]), [n], flat(mean, [m, 1]), flat(rstd, [m, 1]),
+        flat(weight, [n]), flat(bias, [n]), mask,
     )
     return (
-        _flat(dx, list(x.shape)),
-        None if dw is None else _flat(dw, list(weight.shape)),
-        None if db is None else _flat(db, list(bias.shape)),
+        flat(dx, list(x.shape)),
+        None if dw is None else flat(dw, list(weight.shape)),
+        None if db is None else flat(db, list(bias.shape)),
     )
 
 

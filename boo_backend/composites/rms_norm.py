@@ -7,26 +7,18 @@ place of torch.rms_norm calls and of the chains models write by hand (PATTERNS b
 
 from __future__ import annotations
 
-import math
+import functools
 import operator
 
 import torch
 
 from .. import ops
 from ..patterns import Pattern, Wild
-from . import ELEMENT_TYPES, Composite, common_decline, random_tensor, register, register_pattern
+from . import ELEMENT_TYPES, Composite, common_decline, flat, rows_cols, random_tensor, register, register_pattern
 from .layer_norm import column_split
 
 boo = torch.ops.boo
 aten = torch.ops.aten
-
-
-def _rows_cols(x, normalized_shape) -> tuple[int, int]:
-    return math.prod(x.shape[: x.dim() - len(normalized_shape)]), math.prod(normalized_shape)
-
-
-def _flat(t, shape):
-    return None if t is None else aten.reshape.default(t, shape)
 
 
 def _is_canonical(x, normalized_shape, weight) -> bool:
@@ -36,7 +28,7 @@ def _is_canonical(x, normalized_shape, weight) -> bool:
 def _decline(x, normalized_shape, weight, outs) -> str | None:
     if not _is_canonical(x, normalized_shape, weight):
         return "not in the kernel's [M, N] form"
-    if _rows_cols(x, normalized_shape)[1] == 0:
+    if rows_cols(x, normalized_shape)[1] == 0:
         return "empty normalized shape"
     return common_decline([x, weight], [o for o in outs if o is not None and o.numel()])
 
@@ -57,7 +49,7 @@ def _forward_accepts(args, kwargs, outs):
 
 def _forward_params(args, kwargs, outs):
     x, normalized_shape, weight, eps, norm_dtype, _out_dtype = args
-    m, n = _rows_cols(x, normalized_shape)
+    m, n = rows_cols(x, normalized_shape)
     return {"M": m, "N": n, "eps": float(eps), "dtype": ELEMENT_TYPES[x.dtype],
             "w_dtype": None if weight is None else ELEMENT_TYPES[weight.dtype],
             "norm_dtype": _type(norm_dtype), "out_dtype": ELEMENT_TYPES[outs[0].dtype]}
@@ -66,10 +58,10 @@ def _forward_params(args, kwargs, outs):
 def _forward_canonical(x, normalized_shape, weight, eps, norm_dtype, out_dtype):
     if _is_canonical(x, normalized_shape, weight):
         return NotImplemented
-    m, n = _rows_cols(x, normalized_shape)
-    out, rstd = boo.rms_norm.default(_flat(x, [m, n]), [n], _flat(weight, [n]), eps, norm_dtype, out_dtype)
+    m, n = rows_cols(x, normalized_shape)
+    out, rstd = boo.rms_norm.default(flat(x, [m, n]), [n], flat(weight, [n]), eps, norm_dtype, out_dtype)
     stat = [*x.shape[: x.dim() - len(normalized_shape)], *([1] * len(normalized_shape))]
-    return _flat(out, list(x.shape)), _flat(rstd, stat)
+    return flat(out, list(x.shape)), flat(rstd, stat)
 
 
 def _sample_forward(shape, dtype, flags):
@@ -103,7 +95,7 @@ def _backward_accepts(args, kwargs, outs):
 
 def _backward_params(args, kwargs, outs):
     grad, x, rstd, normalized_shape, weight, norm_dtype = args
-    m, n = _rows_cols(x, normalized_shape)
+    m, n = rows_cols(x, normalized_shape)
     return {"M": m, "N": n, "dtype": ELEMENT_TYPES[x.dtype], "g_dtype": ELEMENT_TYPES[grad.dtype],
             "w_dtype": None if weight is None else ELEMENT_TYPES[weight.dtype],
             "norm_dtype": _type(norm_dtype), "blocks": column_split(m)}
@@ -112,11 +104,11 @@ def _backward_params(args, kwargs, outs):
 def _backward_canonical(grad, x, rstd, normalized_shape, weight, norm_dtype):
     if _is_canonical(x, normalized_shape, weight):
         return NotImplemented
-    m, n = _rows_cols(x, normalized_shape)
+    m, n = rows_cols(x, normalized_shape)
     dx, dw = boo.rms_norm_backward.default(
-        _flat(grad, [m, n]), _flat(x, [m, n]), _flat(rstd, [m, 1]), [n], _flat(weight, [n]), norm_dtype
+        flat(grad, [m, n]), flat(x, [m, n]), flat(rstd, [m, 1]), [n], flat(weight, [n]), norm_dtype
     )
-    return _flat(dx, list(x.shape)), (dw if weight is None else _flat(dw, list(weight.shape)))
+    return flat(dx, list(x.shape)), (dw if weight is None else flat(dw, list(weight.shape)))
 
 
 def _sample_backward(shape, dtype, flags):
@@ -158,10 +150,7 @@ def _replacement(graph, x, weight, values, eps, norm_dtype, out_dtype):
 
 
 def _promoted(*dtypes):
-    out = dtypes[0]
-    for d in dtypes[1:]:
-        out = torch.promote_types(out, d)
-    return out
+    return functools.reduce(torch.promote_types, dtypes)
 
 
 def _torch_rms_norm(weighted):
