@@ -30,7 +30,7 @@ class Target:
 
     name: str  # canonical spelling, e.g. "llvm-cpu", "cuda:sm_80", "rocm:gfx942"
     flags: tuple[str, ...]
-    driver: str  # iree.runtime driver name
+    driver: str  # iree.runtime driver name, the default one
     # Flags that make faster code but that the compiler sometimes fails with; a module that
     # fails with them is compiled again without them.
     optional_flags: tuple[str, ...] = ()
@@ -43,6 +43,13 @@ class Target:
     @property
     def is_cpu(self) -> bool:
         return self.driver.startswith("local")
+
+    @property
+    def drivers(self) -> tuple[str, ...]:
+        """The runtime drivers that can run this target's modules. The CPU has two: local-task
+        (a worker pool: parallel, but each call wakes the workers, 20-150 us) and local-sync
+        (the calling thread: one core, a few us per call); runtime.IreeFunction picks one."""
+        return ("local-task", "local-sync") if self.is_cpu else (self.driver,)
 
 
 def parse_target(spec: str) -> Target:

@@ -12,7 +12,8 @@ Every control has one environment variable and one options key of the same meani
 | BOO_CACHE            | cache               | "0" turns the compile cache off                      |
 | BOO_CACHE_DIR        | cache_dir           | where the on-disk compile cache lives                |
 | BOO_TARGET           | target              | IREE target: llvm-cpu, cuda:sm_80, rocm:gfx942, ...  |
-| BOO_ATEN_MATMUL      | aten_matmul         | "1": mm/addmm/bmm/convolution run as ATen kernels    |
+| BOO_ATEN_MATMUL      | aten_matmul         | auto (measured), 1 (ATen) or 0 (IREE) for matmuls    |
+| BOO_CPU_DRIVER       | cpu_driver          | auto (measured), local-task or local-sync            |
 | BOO_PARTITIONER      | partitioner         | AOTAutograd's split: "mincut" (default) or "default" |
 | BOO_COMPILE_TIMEOUT  | compile_timeout     | seconds one iree-compile may take (0: no limit)      |
 """
@@ -67,8 +68,12 @@ class Options:
     cache_dir: Path = dataclasses.field(default_factory=_default_cache_dir)
     # None: pick from the inputs' device.
     target: str | None = None
-    # Leave matrix products and convolutions to ATen between IREE parts.
-    aten_matmul: bool = False
+    # Where mm/addmm/bmm/convolution run: "auto" (the faster of ATen's kernel and IREE's
+    # code, measured per shape on this host), "always" (ATen between IREE parts) or "never".
+    aten_matmul: str = "auto"
+    # The IREE runtime driver for CPU modules: "auto" (per graph, the faster on its first
+    # calls), "local-task" or "local-sync".
+    cpu_driver: str = "auto"
     # How AOTAutograd splits forward from backward: "mincut" recomputes cheap ops in the
     # backward instead of saving them (measured faster on the LayerNorm+GELU and MLP steps,
     # slower on the transformer layer); "default" saves what the forward computed.
@@ -85,6 +90,7 @@ class Options:
         "cache_dir": "BOO_CACHE_DIR",
         "target": "BOO_TARGET",
         "aten_matmul": "BOO_ATEN_MATMUL",
+        "cpu_driver": "BOO_CPU_DRIVER",
         "partitioner": "BOO_PARTITIONER",
         "compile_timeout": "BOO_COMPILE_TIMEOUT",
     }
@@ -106,8 +112,21 @@ class Options:
             kwargs["strict"] = _parse_bool("strict", raw["strict"])
         if "cache" in raw:
             kwargs["cache"] = _parse_bool("cache", raw["cache"])
-        if "aten_matmul" in raw:
-            kwargs["aten_matmul"] = _parse_bool("aten_matmul", raw["aten_matmul"])
+        if raw.get("aten_matmul", "") != "":
+            value = raw["aten_matmul"]
+            text = str(value).strip().lower()
+            if text in ("auto", "always", "never"):
+                kwargs["aten_matmul"] = text
+            else:
+                try:
+                    kwargs["aten_matmul"] = "always" if _parse_bool("aten_matmul", value) else "never"
+                except BooError:
+                    raise BooError(f"aten_matmul={value!r}; use auto, 1/always (ATen) or 0/never (IREE)") from None
+        if raw.get("cpu_driver"):
+            value = str(raw["cpu_driver"]).strip().lower()
+            if value not in ("auto", "local-task", "local-sync"):
+                raise BooError(f"cpu_driver={value!r}; use auto, local-task or local-sync")
+            kwargs["cpu_driver"] = value
         if "force_decompose" in raw:
             value = raw["force_decompose"]
             if isinstance(value, (list, tuple, set)):

@@ -14,7 +14,7 @@ import warnings
 import torch
 import torch.fx as fx
 
-from . import match
+from . import extern, match
 from .cache import CompileCache, write_atomic
 from .compile import (
     BooCompileError, Target, compile_flags, compile_mlir, parse_target, target_for_device, unconverted_ops,
@@ -24,7 +24,7 @@ from .diagnose import Unlowerable, failing_ops, first_error, unlinked_ops
 from .embed import mlir_op_name
 from .lower import Lowered, lower, unregistered_ops
 from .partition import (
-    ATEN_MATMUL, Plan, compute_nodes, decomposition_table, fold_empty, is_symbolic, node_places,
+    Plan, compute_nodes, decomposition_table, fold_empty, is_symbolic, node_places,
     preparation_table, retrace, wrong_in_iree, split_islands,
 )
 from .runtime import IreeFunction
@@ -45,11 +45,14 @@ class Placement:
     iree: int
     decomposed: int
     island: int
-    aten: int = 0  # left to ATen kernels by choice (BOO_ATEN_MATMUL)
+    aten: int = 0  # left to ATen by choice: matmul kernels (BOO_ATEN_MATMUL) and their views
     recovered: bool = False
     island_ops: tuple[str, ...] = ()
     # The composites used, by name, with counts: (("rms_norm", 2), ("softmax", 1)).
     composite_names: tuple[tuple[str, int], ...] = ()
+    # The runtime driver of each IREE module ("module", or "submod_N" of a split graph),
+    # filled in when known: a CPU module measures its choice on its first calls.
+    drivers: dict[str, str] = dataclasses.field(default_factory=dict)
 
     @property
     def composites(self) -> int:
@@ -64,11 +67,13 @@ class Placement:
             f"{self.decomposed} decomposed at FX level, {self.island} in eager islands"
         )
         if self.aten:
-            text += f", {self.aten} as ATen matmul kernels"
+            text += f", {self.aten} left to ATen (matmul kernels and their views)"
         if self.island_ops:
             text += f" [{', '.join(self.island_ops)}]"
         if self.recovered:
             text += " (compile failed; whole graph ran in eager PyTorch)"
+        if self.drivers:
+            text += f"; runs on {', '.join(sorted(set(self.drivers.values())))}"
         return text
 
 
@@ -173,6 +178,8 @@ class CompiledGraph:
         self.symbolic = is_symbolic(gm)
         self.cache = CompileCache(opts.cache_dir, opts.cache)
         self._runners: dict = {}
+        # Runtime drivers of the runner being built, by part; see Placement.drivers.
+        self._drivers: dict[str, str] = {}
 
     def _key(self, args) -> tuple:
         return tuple(tuple(a.shape) if isinstance(a, torch.Tensor) else a for a in args)
@@ -196,6 +203,7 @@ class CompiledGraph:
 
     def _build(self, args: list, index: int):
         name = self.name if index == 0 else f"{self.name}_s{index}"
+        self._drivers = {}
         ops = [n for n in compute_nodes(self.gm) if not n.target.__name__.startswith("sym_")]
         plan_key = self.cache.key(
             "plan", str(self.gm.graph), *compile_flags(self._target(args)), self.opts.force_decompose,
@@ -236,11 +244,11 @@ class CompiledGraph:
         placement = Placement(
             name, self.kind, len(ops), len(ops) - island - decomposed - aten, decomposed, island,
             aten, island_ops=tuple(sorted(plan.island)),
-            composite_names=tuple(sorted(collections.Counter(used).items())),
+            composite_names=tuple(sorted(collections.Counter(used).items())), drivers=self._drivers,
         )
         self._record(placement)
         if isinstance(runner, IreePart):  # one module, no islands: skip all of this next time
-            extra = {k: v for k, v in dataclasses.asdict(placement).items() if k != "name"}
+            extra = {k: v for k, v in dataclasses.asdict(placement).items() if k not in ("name", "drivers")}
             extra["has_module"] = runner.function is not None
             self.cache.put(lowered_key, runner.lowered.to_bytes(extra))
         return runner
@@ -256,10 +264,10 @@ class CompiledGraph:
             if extra.pop("has_module"):
                 target = self._target(args)
                 vmfb = compile_mlir(lowered.mlir, target, self.cache, self.opts.compile_timeout)
-                function = IreeFunction(vmfb, target, graph=name, writes=frozenset(lowered.writes))
+                function = self._function(vmfb, lowered, target, name, "module")
             extra["island_ops"] = tuple(extra["island_ops"])
             extra["composite_names"] = tuple(tuple(c) for c in extra.get("composite_names", ()))
-            self._record(Placement(name=name, **extra))
+            self._record(Placement(name=name, drivers=self._drivers, **extra))
             return IreePart(lowered, function)
         except Exception as e:  # a stale or unreadable entry: build from scratch
             log.warning("boo: cached lowering for %s is unusable (%s); rebuilding", name, e)
@@ -337,8 +345,9 @@ class CompiledGraph:
         composites = match.apply(graph, self.opts, target.kind)
         if dump:
             write_atomic(dump / "graph.txt", _describe(graph))
-        places = node_places(graph, plan, ATEN_MATMUL if self.opts.aten_matmul else frozenset())
-        aten = sum(p == "aten" and n.target in ATEN_MATMUL for n, p in places.items())
+        extern_nodes = extern.choose(graph, self.opts.aten_matmul, target, self.cache, self.opts)
+        places = node_places(graph, plan, extern_nodes)
+        aten = sum(p == "aten" and n.target is not operator.getitem for n, p in places.items())
         island = sum(p == "eager" and n.target is not operator.getitem for n, p in places.items())
         if set(places.values()) <= {"iree"}:
             return self._compile_part(graph, target, dump, "module"), composites, aten, 0
@@ -369,5 +378,26 @@ class CompiledGraph:
             raise
         if dump:
             write_atomic(dump / f"{part}.vmfb", vmfb)
-        function = IreeFunction(vmfb, target, graph=f"{self.name}/{part}", writes=frozenset(lowered.writes))
-        return IreePart(lowered, function)
+        return IreePart(lowered, self._function(vmfb, lowered, target, f"{self.name}/{part}", part))
+
+    def _function(self, vmfb: bytes, lowered: Lowered, target: Target, name: str, part: str) -> IreeFunction:
+        """The loaded module, on the CPU driver BOO_CPU_DRIVER names, or the one an earlier
+        process measured as faster for this module on this host, or one it will measure."""
+        drivers = self._drivers
+        driver, remember = None, None
+        if target.is_cpu and self.opts.cpu_driver != "auto":
+            driver = self.opts.cpu_driver
+        elif len(target.drivers) > 1:
+            key = self.cache.key("driver", lowered.mlir, target.name)
+            known = self.cache.get_json(key)
+            if known and known.get("driver") in target.drivers:
+                driver = known["driver"]
+            else:
+                def remember(chosen: str) -> None:
+                    drivers[part] = chosen
+                    self.cache.put_json(key, {"driver": chosen})
+        function = IreeFunction(vmfb, target, graph=name, writes=frozenset(lowered.writes),
+                                driver=driver, remember=remember)
+        if function.driver:
+            drivers[part] = function.driver
+        return function

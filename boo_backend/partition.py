@@ -252,16 +252,17 @@ def wrong_in_iree(node: fx.Node) -> bool:
     return True
 
 
-# Ops left to ATen by choice under BOO_ATEN_MATMUL=1, the way Inductor calls extern kernels.
+# Ops that may run as ATen kernels by choice (BOO_ATEN_MATMUL; see extern.py), the way
+# Inductor calls extern kernels.
 ATEN_MATMUL = frozenset({
     torch.ops.aten.mm.default, torch.ops.aten.addmm.default, torch.ops.aten.bmm.default,
     torch.ops.aten.convolution.default, torch.ops.aten.convolution_backward.default,
 })
 
 
-def node_places(gm: fx.GraphModule, plan: Plan, extern: frozenset = frozenset()) -> dict[fx.Node, str]:
-    """'iree', 'eager' (an island) or 'aten' (an extern kernel by choice) for each call node;
-    getitem follows the node it reads."""
+def node_places(gm: fx.GraphModule, plan: Plan, extern: set[fx.Node] | frozenset = frozenset()) -> dict[fx.Node, str]:
+    """'iree', 'eager' (an island) or 'aten' (an extern kernel by choice: the nodes in
+    `extern`) for each call node; getitem follows the node it reads."""
     places: dict[fx.Node, str] = {}
     for node in gm.graph.nodes:
         if node.op != "call_function":
@@ -271,8 +272,21 @@ def node_places(gm: fx.GraphModule, plan: Plan, extern: frozenset = frozenset())
         elif mlir_op_name(node.target) in plan.island:
             places[node] = "eager"
         else:
-            places[node] = "aten" if node.target in extern else "iree"
+            places[node] = "aten" if node in extern else "iree"
+    if extern:
+        _views_follow_users(gm, places)
     return places
+
+
+def _views_follow_users(gm: fx.GraphModule, places: dict[fx.Node, str]) -> None:
+    """A view (a weight's transpose, say) whose every user runs outside IREE, or is the
+    graph's output, runs outside too, as a free view: in IREE it would be a copy."""
+    for node in reversed(gm.graph.nodes):
+        if places.get(node) != "iree" or not getattr(node.target, "is_view", False):
+            continue
+        outside = {"output" if u.op == "output" else places.get(u) for u in node.users}
+        if node.users and outside <= {"aten", "eager", "output"}:
+            places[node] = "eager" if outside == {"eager"} else "aten"
 
 
 def split_islands(gm: fx.GraphModule, places: dict[fx.Node, str]) -> tuple[fx.GraphModule, dict[str, str]]:

@@ -9,6 +9,7 @@ import bisect
 import functools
 import logging
 import threading
+import time
 
 import iree.runtime as rt
 import torch
@@ -76,6 +77,28 @@ def _overlapping(spans: list[tuple[int, int, int]]) -> list[int]:
     return hit
 
 
+class _Loaded:
+    """The module loaded for one runtime driver: its context and `main`."""
+
+    def __init__(self, module: rt.VmModule, driver: str, name: str, graph: str):
+        inst = _instance()
+        self.driver = driver
+        self.device = _device(driver)
+        self.context = rt.VmContext(inst, [rt.create_hal_module(inst, self.device), module])
+        self.function = module.lookup_function(name)
+        if self.function is None:
+            raise BooRuntimeError(f"boo: compiled module of graph {graph} has no function {name!r}")
+        self.dl_device = _DLPACK_DEVICE["cpu" if driver.startswith("local") else driver]
+
+
+# How a CPU module picks its driver when BOO_CPU_DRIVER=auto: after its first call, it is
+# called _ROUNDS more times on each driver, alternating, and keeps the one with the lower
+# minimum. A first call slower than _MEASURE_LIMIT seconds skips that and keeps local-task:
+# such a graph does enough work to gain from two cores, and measuring would cost seconds.
+_ROUNDS = 3
+_MEASURE_LIMIT = 0.1
+
+
 class IreeFunction:
     """One loaded module's `main`, called with and returning torch tensors.
 
@@ -85,39 +108,63 @@ class IreeFunction:
     `writes` (known from the graph: in-place kernels such as sort and scatter), plus whatever
     the first call finds changed: that call keeps a snapshot of the arguments it passes
     zero-copy, restores any that IREE wrote, and runs again with copies.
+
+    `driver` names the runtime driver; None lets the function choose among the target's
+    drivers by timing its first calls (see _ROUNDS), and tells `remember` what it chose.
     """
 
     def __init__(self, vmfb: bytes, target: Target, name: str = "main", graph: str = "?",
-                 writes: frozenset[int] = frozenset()):
+                 writes: frozenset[int] = frozenset(), driver: str | None = None,
+                 remember=None):
         self.target = target
         self.graph = graph
-        self.device = _device(target.driver)
-        inst = _instance()
-        self._module = rt.VmModule.copy_buffer(inst, vmfb)
-        self._context = rt.VmContext(inst, [rt.create_hal_module(inst, self.device), self._module])
-        self._function = self._module.lookup_function(name)
-        if self._function is None:
-            raise BooRuntimeError(f"boo: compiled module of graph {graph} has no function {name!r}")
-        kind = "cpu" if target.is_cpu else target.driver
-        self._dl_device = _DLPACK_DEVICE[kind]
+        self._name = name
+        self._module = rt.VmModule.copy_buffer(_instance(), vmfb)
+        self._loaded: dict[str, _Loaded] = {}
+        choices = target.drivers
+        if driver is not None and driver not in choices:
+            raise BooRuntimeError(f"boo: driver {driver!r} cannot run {target.name} modules; use one of {choices}")
+        self.driver = driver if driver is not None or len(choices) > 1 else choices[0]
+        self._remember = remember
+        self._use(self.driver or target.driver)
         self.writes = set(writes)
         self._checked = False
         # IREE contexts are not re-entrant; serialize calls from several threads.
         self._lock = threading.Lock()
 
+    def _load(self, driver: str) -> _Loaded:
+        if driver not in self._loaded:
+            self._loaded[driver] = _Loaded(self._module, driver, self._name, self.graph)
+        return self._loaded[driver]
+
+    def _use(self, driver: str) -> None:
+        loaded = self._load(driver)
+        self.device = loaded.device
+        self._context, self._function, self._dl_device = loaded.context, loaded.function, loaded.dl_device
+
     def __call__(self, tensors: list[torch.Tensor], num_results: int) -> list[torch.Tensor]:
         passed = [_importable(t, i in self.writes) for i, t in enumerate(tensors)]
         spans = _spans(passed)
-        shared = _overlapping(spans)
-        if shared:
-            for i in shared:
-                passed[i] = _importable(passed[i], copy=True)
-            spans = _spans(passed)
-        if not self._checked:
-            return self._first_call(tensors, passed, spans, num_results)
+        if len(spans) > 1:
+            shared = _overlapping(spans)
+            if shared:
+                for i in shared:
+                    passed[i] = _importable(passed[i], copy=True)
+                spans = _spans(passed)
+        if self.driver is None or not self._checked:
+            return self._first_calls(tensors, passed, spans, num_results)
         return self._invoke(tensors, passed, spans, num_results)
 
-    def _first_call(self, tensors, passed, spans, num_results):
+    def _first_calls(self, tensors, passed, spans, num_results):
+        if not self._checked:
+            start = time.perf_counter()
+            results = self._checked_call(tensors, passed, spans, num_results)
+            if self.driver is None:
+                self._choose(time.perf_counter() - start, passed, num_results)
+            return results
+        return self._invoke(tensors, passed, spans, num_results)
+
+    def _checked_call(self, tensors, passed, spans, num_results):
         zero_copy = [i for i, (t, p) in enumerate(zip(tensors, passed)) if t is p]
         size = sum(tensors[i].numel() * tensors[i].element_size() for i in zero_copy)
         if size > _SNAPSHOT_LIMIT:  # a large model's weights: rely on `writes` alone
@@ -136,6 +183,42 @@ class IreeFunction:
             tensors[i].copy_(before[i])
         self.writes |= written
         return self(tensors, num_results)
+
+    def _choose(self, first: float, passed: list[torch.Tensor], num_results: int) -> None:
+        """Pick the driver (see _ROUNDS). The extra calls run on copies of the arguments, so
+        they change nothing the caller sees."""
+        default = self.target.driver
+        if first > _MEASURE_LIMIT:
+            self._decide(default, f"its first call took {first * 1e3:.0f} ms")
+            return
+        passed = [_importable(t, copy=True) for t in passed]
+        times: dict[str, float] = {}
+        with self._lock:
+            for driver in self.target.drivers:
+                loaded = self._load(driver)
+                self._timed_invoke(loaded, passed, num_results)  # warm-up
+            for _ in range(_ROUNDS):
+                for driver in self.target.drivers:
+                    t = self._timed_invoke(self._loaded[driver], passed, num_results)
+                    times[driver] = min(times.get(driver, t), t)
+        best = min(times, key=times.get)
+        self._decide(best, ", ".join(f"{d} {t * 1e6:.0f} us" for d, t in times.items()))
+
+    def _timed_invoke(self, loaded: _Loaded, passed, num_results) -> float:
+        args = rt.VmVariantList(len(passed))
+        for t in passed:
+            args.push_ref(loaded.device.from_dlpack_capsule(to_dlpack(t)).ref)
+        results = rt.VmVariantList(num_results)
+        start = time.perf_counter()
+        loaded.context.invoke(loaded.function, args, results)
+        return time.perf_counter() - start
+
+    def _decide(self, driver: str, why: str) -> None:
+        self.driver = driver
+        self._use(driver)
+        log.log(logging.INFO if self._remember else logging.DEBUG, "boo %s: runs on %s (%s)", self.graph, driver, why)
+        if self._remember is not None:
+            self._remember(driver)
 
     def _invoke(self, tensors, passed, spans, num_results):
         args = rt.VmVariantList(len(passed))
@@ -157,12 +240,12 @@ class IreeFunction:
         if tensors and tensors[0].device.index is not None:
             device_id = tensors[0].device.index
         export = self.device.create_dlpack_capsule
+        dl_device = self._dl_device
         out = [
-            torch.from_dlpack(export(results.get_as_object(i, rt.HalBufferView), self._dl_device, device_id))
+            torch.from_dlpack(export(results.get_as_object(i, rt.HalBufferView), dl_device, device_id))
             for i in range(len(results))
         ]
         return _unalias(out, spans)
-
 
 def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Bitwise equality (NaNs with the same payload are equal)."""

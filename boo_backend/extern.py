@@ -1,0 +1,217 @@
+"""Matmuls and convolutions placed by measurement (BOO_ATEN_MATMUL=auto).
+
+Imports partition, lower, compile, runtime, cache and config from boo_backend.
+
+Each `mm`/`addmm`/`bmm`/`convolution`/`convolution_backward` of a graph, by its shapes,
+strides and dtypes, is timed once on this host as ATen's kernel and as IREE's code for that
+one op; the decision is kept in the compile cache, whose key names the host CPU. A node goes
+to ATen (an extern kernel between IREE parts, as Inductor calls them) when ATen saves more
+than a split costs. Then the graph as a whole is checked: the time the chosen nodes save
+must pay for the IREE calls the split adds, else nothing is split.
+
+Nothing here is CPU-specific: on a GPU target the same timings compare cuBLAS/hipBLASLt
+with IREE's kernels (`_sync` waits for the device).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+
+import torch
+import torch.fx as fx
+from torch.fx.experimental.proxy_tensor import make_fx
+
+from .cache import CompileCache
+from .compile import Target, compile_mlir
+from .config import BooError, Options
+from .lower import lower
+from .partition import ATEN_MATMUL
+from .runtime import IreeFunction
+
+log = logging.getLogger("boo_backend")
+
+aten = torch.ops.aten
+
+# Below this many flops a matmul stays in IREE without being measured: at IREE's speed here
+# (50-200 GFLOP/s on two cores) it takes tens of microseconds, about what a split costs.
+MIN_FLOPS = 1 << 23
+# A node goes to ATen only when ATen takes at most this share of IREE's time ...
+_MARGIN = 0.85
+# ... and saves more than this many IREE calls' fixed cost (a split adds up to two calls).
+_CALLS_PER_SPLIT = 2
+# Timing: repeat until this many seconds or calls, keep the minimum.
+_BUDGET_S = 0.2
+_MAX_CALLS = 20
+
+
+def flops(node: fx.Node) -> float:
+    """Multiply-adds x 2 of a matmul or convolution node, from its metadata (0 if unknown)."""
+    vals = [a.meta.get("val") if isinstance(a, fx.Node) else a for a in node.args]
+    out = node.meta.get("val")
+    try:
+        if node.target in (aten.mm.default, aten.bmm.default):
+            return 2.0 * out.numel() * vals[0].shape[-1]
+        if node.target is aten.addmm.default:
+            return 2.0 * out.numel() * vals[1].shape[-1]
+        if node.target is aten.convolution.default:
+            weight = vals[1]  # [C_out, C_in / groups, *kernel]
+            return 2.0 * out.numel() * (weight.numel() // weight.shape[0])
+        if node.target is aten.convolution_backward.default:
+            grad, weight = vals[0], vals[2]
+            return 4.0 * grad.numel() * (weight.numel() // weight.shape[0])
+    except (AttributeError, IndexError, TypeError):
+        return 0.0
+    return 0.0
+
+
+def _tensor_args(node: fx.Node) -> list[fx.Node]:
+    found: list[fx.Node] = []
+    fx.node.map_arg((node.args, node.kwargs), lambda n: found.append(n) or n)
+    return found
+
+
+def _signature(node: fx.Node) -> str:
+    """What the timing depends on: the op, its tensors' layouts and its other arguments."""
+    def describe(a):
+        if isinstance(a, fx.Node):
+            v = a.meta["val"]
+            return f"{v.dtype}{tuple(v.shape)}{v.stride()}"
+        if isinstance(a, (list, tuple)):
+            return "[" + ",".join(describe(b) for b in a) + "]"
+        return repr(a)
+
+    return f"{node.target}({describe(list(node.args))},{describe(sorted(node.kwargs.items()))})"
+
+
+def _random_like(v: torch.Tensor, contiguous: bool) -> torch.Tensor:
+    shape, stride = (v.shape, None) if contiguous else (v.shape, v.stride())
+    if stride is None:
+        t = torch.empty(shape, dtype=v.dtype, device=v.device)
+    else:
+        t = torch.empty_strided(shape, stride, dtype=v.dtype, device=v.device)
+    if v.dtype.is_floating_point:
+        t.normal_()
+    else:
+        t.fill_(1)
+    return t
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _min_time(fn, device: torch.device) -> float:
+    fn()  # warm-up
+    _sync(device)
+    best, spent, calls = math.inf, 0.0, 0
+    while calls < _MAX_CALLS and (spent < _BUDGET_S or calls < 3):
+        start = time.perf_counter()
+        fn()
+        _sync(device)
+        elapsed = time.perf_counter() - start
+        best, spent, calls = min(best, elapsed), spent + elapsed, calls + 1
+    return best
+
+
+def _one_op_graph(node: fx.Node, examples: list[torch.Tensor]) -> fx.GraphModule:
+    inputs = _tensor_args(node)
+
+    def run(*tensors):
+        table = dict(zip(inputs, tensors))
+        args, kwargs = fx.node.map_arg((node.args, node.kwargs), table.__getitem__)
+        return node.target(*args, **kwargs)
+
+    return make_fx(run, tracing_mode="fake")(*examples)
+
+
+class Timings:
+    """ATen's and IREE's time for one node, measured once per host and kept in the cache."""
+
+    def __init__(self, cache: CompileCache, target: Target, opts: Options):
+        self.cache = cache
+        self.target = target
+        self.opts = opts
+        self._floor: float | None = None
+
+    def of(self, node: fx.Node) -> dict:
+        key = self.cache.key("extern", _signature(node), self.target.name)
+        known = self.cache.get_json(key)
+        if known is not None:
+            return known
+        inputs = [a.meta["val"] for a in _tensor_args(node)]
+        device = inputs[0].device
+        aten_args = [_random_like(v, contiguous=False) for v in inputs]
+        iree_args = [_random_like(v, contiguous=True) for v in inputs]
+        table = dict(zip(_tensor_args(node), aten_args))
+        args, kwargs = fx.node.map_arg((node.args, node.kwargs), table.__getitem__)
+        aten_s = _min_time(lambda: node.target(*args, **kwargs), device)
+        graph = _one_op_graph(node, iree_args)
+        lowered = lower(graph)
+        vmfb = compile_mlir(lowered.mlir, self.target, self.cache, self.opts.compile_timeout)
+        function = IreeFunction(vmfb, self.target, graph=f"timing {node.target}")
+        tensors = [iree_args[v] if k == "arg" else v for k, v in lowered.inputs]
+        count = len(lowered.result_layouts)
+        iree_s = _min_time(lambda: function(tensors, count), device)
+        result = {"aten_s": aten_s, "iree_s": iree_s, "driver": function.driver}
+        self.cache.stats["extern_timings"] += 1
+        self.cache.put_json(key, result)
+        log.info("boo: %s %s: ATen %.3f ms, IREE %.3f ms on %s", node.target, _signature(node),
+                 aten_s * 1e3, iree_s * 1e3, function.driver)
+        return result
+
+    def floor(self) -> float:
+        """Seconds one IREE call costs beyond its work: a one-element module, measured once."""
+        if self._floor is None:
+            key = self.cache.key("call-floor", self.target.name)
+            known = self.cache.get_json(key)
+            if known is None:
+                x = torch.ones(1)
+                graph = make_fx(lambda t: t + 1, tracing_mode="fake")(x)
+                lowered = lower(graph)
+                vmfb = compile_mlir(lowered.mlir, self.target, self.cache, self.opts.compile_timeout)
+                times = {}
+                for driver in self.target.drivers:
+                    function = IreeFunction(vmfb, self.target, graph="call floor", driver=driver)
+                    times[driver] = _min_time(lambda: function([x], 1), x.device)
+                known = {"seconds": max(times.values())}
+                self.cache.put_json(key, known)
+            self._floor = known["seconds"]
+        return self._floor
+
+
+def choose(graph: fx.GraphModule, mode: str, target: Target, cache: CompileCache,
+           opts: Options) -> set[fx.Node]:
+    """The matmul/convolution nodes of `graph` that run as ATen kernels under `mode`
+    ("always", "never" or "auto")."""
+    candidates = [n for n in graph.graph.nodes if n.op == "call_function" and n.target in ATEN_MATMUL]
+    if mode == "never" or not candidates:
+        return set()
+    if mode == "always":
+        return set(candidates)
+    if mode != "auto":
+        raise BooError(f"aten_matmul={mode!r}")
+    timings = Timings(cache, target, opts)
+    chosen: dict[fx.Node, float] = {}
+    for node in candidates:
+        if flops(node) < MIN_FLOPS or not all(isinstance(a.meta.get("val"), torch.Tensor) for a in _tensor_args(node)):
+            continue
+        try:
+            t = timings.of(node)
+        except Exception as e:  # a shape IREE cannot compile alone: no evidence for ATen
+            log.debug("boo: timing %s failed (%s); it stays in IREE", node.target, e)
+            continue
+        saving = t["iree_s"] - t["aten_s"]
+        if t["aten_s"] <= _MARGIN * t["iree_s"] and saving > _CALLS_PER_SPLIT * timings.floor():
+            chosen[node] = saving
+    if not chosen:
+        return set()
+    total = sum(chosen.values())
+    cost = _CALLS_PER_SPLIT * len(chosen) * timings.floor()
+    if total <= cost:
+        log.info("boo: ATen would save %.3f ms on %d matmuls but the split costs %.3f ms; "
+                 "keeping them in IREE", total * 1e3, len(chosen), cost * 1e3)
+        return set()
+    return set(chosen)

@@ -1,0 +1,172 @@
+"""How boo runs what it compiled: the CPU runtime driver per graph (BOO_CPU_DRIVER) and
+matmuls placed by measurement (BOO_ATEN_MATMUL). These test the mechanisms and their
+results, never a speed: timings are injected where a decision must go one way."""
+
+import pytest
+import torch
+import torch.nn as nn
+
+import boo_backend
+from boo_backend import extern
+from boo_backend.config import BooError, Options
+from boo_backend.runtime import IreeFunction
+from util import assert_close, compare_training
+
+
+def _gelu_scale(x, w):
+    return torch.nn.functional.gelu(x) * w + 1
+
+
+def _inputs():
+    torch.manual_seed(0)
+    return torch.randn(16, 32), torch.randn(32)
+
+
+@pytest.mark.parametrize("driver", ["local-sync", "local-task"])
+def test_forced_cpu_driver_runs_and_is_reported(driver):
+    boo_backend.reset()
+    x, w = _inputs()
+    out = torch.compile(_gelu_scale, backend="boo", options={"cpu_driver": driver})(x, w)
+    assert_close(out, _gelu_scale(x, w))
+    (placement,) = boo_backend.placements()
+    assert placement.drivers == {"module": driver}, placement.line()
+    assert placement.line().endswith(f"runs on {driver}")
+
+
+def test_auto_driver_is_measured_once_then_remembered(monkeypatch, tmp_path):
+    chosen = []
+    original = IreeFunction._choose
+
+    def counting(self, *args):
+        chosen.append(self.graph)
+        return original(self, *args)
+
+    monkeypatch.setattr(IreeFunction, "_choose", counting)
+    x, w = _inputs()
+    before = (x.clone(), w.clone())
+    _fresh_cache(monkeypatch, tmp_path)
+    out = torch.compile(_gelu_scale, backend="boo")(x, w)
+    assert_close(out, _gelu_scale(x, w))
+    assert torch.equal(x, before[0]) and torch.equal(w, before[1]), "the timing calls changed the inputs"
+    (placement,) = boo_backend.placements()
+    assert placement.drivers["module"] in ("local-sync", "local-task")
+    assert len(chosen) == 1
+    # A new compile of the same graph (the in-memory and disk caches hold the choice).
+    torch._dynamo.reset()
+    boo_backend.reset()
+    torch.compile(_gelu_scale, backend="boo")(x, w)
+    assert len(chosen) == 1, "the driver was measured again"
+    assert boo_backend.placements()[0].drivers == placement.drivers
+
+
+def test_bad_driver_and_matmul_settings_are_refused():
+    with pytest.raises(BooError, match="cpu_driver"):
+        Options.resolve({"cpu_driver": "threads"})
+    with pytest.raises(BooError, match="aten_matmul"):
+        Options.resolve({"aten_matmul": "sometimes"})
+    assert Options.resolve({}).aten_matmul == "auto"
+    assert Options.resolve({"aten_matmul": "1"}).aten_matmul == "always"
+    assert Options.resolve({"aten_matmul": "0"}).aten_matmul == "never"
+    assert Options.resolve({"aten_matmul": "auto"}).aten_matmul == "auto"
+
+
+class MLP(nn.Module):
+    def __init__(self, d=256, hidden=512):
+        super().__init__()
+        self.fc1 = nn.Linear(d, hidden)
+        self.norm = nn.LayerNorm(hidden)
+        self.fc2 = nn.Linear(hidden, d)
+
+    def forward(self, x):
+        return self.fc2(torch.nn.functional.gelu(self.norm(self.fc1(x))))
+
+
+def _batches(n=2):
+    g = torch.Generator().manual_seed(3)
+    return [(torch.randn(128, 256, generator=g), torch.randn(128, 256, generator=g)) for _ in range(n)]
+
+
+def _mse(out, y):
+    return torch.nn.functional.mse_loss(out, y)
+
+
+def _fresh_cache(monkeypatch, tmp_path):
+    """A cache of its own: a whole graph's cached lowering would skip the placement."""
+    monkeypatch.setenv("BOO_CACHE_DIR", str(tmp_path / "cache"))
+    boo_backend.reset()
+
+
+def _fake_timings(monkeypatch, tmp_path, aten_s, iree_s, floor_s):
+    _fresh_cache(monkeypatch, tmp_path)
+    seen = []
+
+    def of(self, node):
+        seen.append(node.target)
+        return {"aten_s": aten_s, "iree_s": iree_s, "driver": "local-sync"}
+
+    monkeypatch.setattr(extern.Timings, "of", of)
+    monkeypatch.setattr(extern.Timings, "floor", lambda self: floor_s)
+    return seen
+
+
+def test_auto_sends_matmuls_to_aten_where_aten_is_faster(monkeypatch, tmp_path):
+    seen = _fake_timings(monkeypatch, tmp_path, aten_s=1e-4, iree_s=1e-3, floor_s=1e-6)
+    boo_backend.reset()
+    torch.manual_seed(0)
+    compare_training(MLP(), _batches(), _mse, steps=2)
+    assert seen, "no matmul was considered"
+    lines = [p.line() for p in boo_backend.placements()]
+    assert all(p.aten > 0 for p in boo_backend.placements()), lines
+    assert all(p.island == 0 for p in boo_backend.placements()), lines
+
+
+@pytest.mark.parametrize("case", ["iree_faster", "split_costs_more"])
+def test_auto_keeps_matmuls_in_iree_unless_the_split_pays(monkeypatch, tmp_path, case):
+    if case == "iree_faster":
+        _fake_timings(monkeypatch, tmp_path, aten_s=1e-3, iree_s=9e-4, floor_s=1e-6)
+    else:  # ATen is 20% faster, but that saves less than the IREE calls a split adds
+        _fake_timings(monkeypatch, tmp_path, aten_s=0.8e-3, iree_s=1e-3, floor_s=1e-3)
+    boo_backend.reset()
+    torch.manual_seed(0)
+    compare_training(MLP(), _batches(), _mse, steps=2)
+    lines = [p.line() for p in boo_backend.placements()]
+    assert all(p.aten == 0 for p in boo_backend.placements()), lines
+
+
+def test_auto_measures_each_shape_once_on_this_host(monkeypatch, tmp_path):
+    """The real measurement: both sides are timed for the large matmuls, the decision is
+    cached, and a second compile of the same model measures nothing."""
+    _fresh_cache(monkeypatch, tmp_path)
+    torch.manual_seed(0)
+    compare_training(MLP(), _batches(), _mse, steps=2)
+    measured = boo_backend.stats().get("extern_timings", 0)
+    assert measured >= 2, boo_backend.stats()
+    torch._dynamo.reset()
+    # A dump directory makes boo place the graph again instead of loading its lowering.
+    monkeypatch.setenv("BOO_DUMP_DIR", str(tmp_path / "dump"))
+    compare_training(MLP(), _batches(), _mse, steps=2)
+    assert boo_backend.stats().get("extern_timings", 0) == measured
+
+
+def test_small_matmuls_are_not_measured(monkeypatch, tmp_path):
+    _fresh_cache(monkeypatch, tmp_path)
+    torch.manual_seed(0)
+    model = MLP(d=16, hidden=32)
+    batches = [(torch.randn(8, 16), torch.randn(8, 16))]
+    compare_training(model, batches, _mse, steps=1)
+    assert boo_backend.stats().get("extern_timings", 0) == 0
+
+
+def test_views_of_aten_matmul_operands_stay_views(monkeypatch, tmp_path):
+    """With matmuls in ATen, a weight's transpose feeding one is a free view in eager, not a
+    copy in an IREE part of its own."""
+    monkeypatch.setenv("BOO_ATEN_MATMUL", "1")
+    monkeypatch.setenv("BOO_DUMP_DIR", str(tmp_path))
+    _fresh_cache(monkeypatch, tmp_path / "c")
+    torch.manual_seed(0)
+    compare_training(MLP(), _batches(), _mse, steps=1)
+    modules = list(tmp_path.glob("*_*/submod_*.mlir"))
+    assert modules
+    for path in modules:
+        text = path.read_text()
+        assert "torch.aten.permute" not in text and "torch.aten.t " not in text, path
