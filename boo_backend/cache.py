@@ -54,6 +54,20 @@ def _source_digest() -> str:
 
 
 @functools.cache
+def cpu_model() -> str:
+    """The host CPU's model name, as lscpu prints it ("AMD EPYC ..."). Timings and the
+    decisions made from them (extern.py, the runtime driver) are only valid on it."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.lower().startswith(("model name", "cpu model", "hardware")):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+@functools.cache
 def tool_versions() -> str:
     """Versions that change what a compile produces, plus the host CPU it targets."""
     parts = []
@@ -64,12 +78,13 @@ def tool_versions() -> str:
             parts.append(f"{dist}=?")
     parts.append(f"boo-source={_source_digest()}")
     parts.append(f"machine={platform.machine()}")
+    parts.append(f"cpu={cpu_model()}")
     try:
         with open("/proc/cpuinfo") as f:
             flags = next((line for line in f if line.startswith(("flags", "Features"))), "")
-        parts.append("cpu=" + hashlib.sha256(flags.encode()).hexdigest()[:16])
+        parts.append("cpu-flags=" + hashlib.sha256(flags.encode()).hexdigest()[:16])
     except OSError:
-        parts.append(f"cpu={platform.processor()}")
+        pass
     return ";".join(parts)
 
 
