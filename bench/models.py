@@ -1,16 +1,22 @@
 """Model coverage and speed: how much of each model's training step boo puts in IREE, what it
 compiles, and how its step time compares with eager and inductor, side by side in one run.
 
-    python bench/models.py [--models gpt2,bert | --model mypkg.mymod:make] [--steps 10]
+    python bench/models.py [--models gpt2,bert | --model mypkg.mymod:make] [--steps 20] [--runs 3]
                            [--warmup 3] [--backends eager,inductor,boo] [--out bench/models]
 
 For every model, over the forward and backward graphs of one training step (model.train(),
 loss from the output, loss.backward()), it reports: graphs and ops; the share of ops that run
 in IREE; the composites used, by name (read from the `graph.txt` that boo's `dump_dir` writes);
 ops left to eager islands, by op, and graphs that fell back whole (recovered); cold and warm
-compile seconds; and the median step time of each backend with its speed-up over eager
-(eager_ms / backend_ms). boo runs with strict off (BOO_STRICT=0), so a model that falls back
-is still measured, and the fallbacks are reported.
+compile seconds; and each backend's step time with its speed-up over eager. boo runs with
+strict off (BOO_STRICT=0), so a model that falls back is still measured, and the fallbacks
+are reported.
+
+Step times: every backend of a model takes its first step (the compile) and --warmup more,
+then --runs runs of --steps rounds are timed, each round one step of every backend in
+rotating order, so the machine's noise falls on all of them alike. min: the fastest step;
+median: the median of the runs' medians (the CSV also has each run's median and their
+spread); speed-up: the median over runs of eager's run median / the backend's.
 
   cold s  boo's first training step minus eager's, with a fresh, empty cache directory (after
           boo_backend.reset() and torch._dynamo.reset()). One-time imports (Dynamo, IREE,
@@ -28,7 +34,8 @@ The loss is output.sum() if the output is a tensor, otherwise output.loss.
 The CSV also has each backend's first-step seconds (inductor's uses inductor's own caches,
 so it is not a cold figure), the losses, and the fwd/bwd graph split.
 
-Writes OUT.csv (one row per model, with the CPU model) and OUT.png (step ms per backend,
+Writes OUT.csv (one row per model, with where it ran: CPU model, cores, threads, torch, IREE
+and torch-mlir versions, also printed as the table's header) and OUT.png (step ms per backend,
 % ops in IREE, cold/warm compile seconds against the 30 s / 2 s targets; needs matplotlib,
 the `bench` extra). Progress goes to stderr, the aligned table to stdout.
 Uses only boo's public API.
@@ -44,7 +51,6 @@ import importlib
 import json
 import os
 import re
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -54,26 +60,19 @@ from pathlib import Path
 
 import torch
 
-BACKENDS = ["eager", "inductor", "boo"]
+# name: (torch.compile backend, its options); None runs the model eagerly. A "boo" backend
+# also gets strict off and the model's cache and dump directories.
+BACKENDS: dict[str, tuple[str | None, dict]] = {
+    "eager": (None, {}),
+    "inductor": ("inductor", {}),
+    "boo": ("boo", {}),
+}
 COLD_TARGET_S, WARM_TARGET_S = 30.0, 2.0
 _COMPOSITE_LINE = re.compile(r"^#\s+\S+: (\S+) v\d+ ")
 
 
 def log(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
-
-
-def cpu_model() -> str:
-    """lscpu's "Model name", else /proc/cpuinfo's "model name"."""
-    for cmd, key in ((["lscpu"], "Model name"), (["cat", "/proc/cpuinfo"], "model name")):
-        try:
-            out = subprocess.run(cmd, capture_output=True, text=True, timeout=10).stdout
-        except (OSError, subprocess.SubprocessError):
-            continue
-        for line in out.splitlines():
-            if line.startswith(key):
-                return line.split(":", 1)[1].strip()
-    return "unknown"
 
 
 def load(spec: str):
@@ -91,15 +90,18 @@ def build(spec: str, backend: str, cache_dir=None, dump_dir=None):
     """A function running one training step (forward, loss, backward) and returning the loss."""
     model, inputs = load(spec)
     model.train()
-    if backend == "eager":
+    compiler, options = BACKENDS[backend]
+    if compiler is None:
         run = model
-    elif backend == "inductor":
-        run = torch.compile(model, backend="inductor")
-    else:
-        options = {"strict": False, "cache_dir": str(cache_dir)}
+    elif compiler == "boo":
+        options = dict(options, strict=False)
+        if cache_dir:
+            options["cache_dir"] = str(cache_dir)
         if dump_dir:
             options["dump_dir"] = str(dump_dir)
         run = torch.compile(model, backend="boo", options=options)
+    else:
+        run = torch.compile(model, backend=compiler, options=dict(options) or None)
     params = list(model.parameters())
 
     def step():
@@ -117,17 +119,6 @@ def first_step(step) -> tuple[float, float]:
     start = time.perf_counter()
     loss = step()
     return time.perf_counter() - start, loss.item()
-
-
-def median_ms(step, warmup: int, steps: int) -> float:
-    for _ in range(warmup):
-        step()
-    times = []
-    for _ in range(steps):
-        start = time.perf_counter()
-        step()
-        times.append((time.perf_counter() - start) * 1e3)
-    return statistics.median(times)
 
 
 def warm_probe(spec: str, cache_dir: str) -> dict:
@@ -188,60 +179,104 @@ def boo_coverage(row: dict, placements, dump_dir: Path, caught) -> None:
     )
 
 
-def measure(spec: str, backends: list[str], steps: int, warmup: int) -> dict:
+def _fallbacks(caught) -> set[str]:
     import boo_backend
 
+    return {str(w.message) for w in caught if issubclass(w.category, boo_backend.BooFallbackWarning)}
+
+
+def measure(spec: str, backends: list[str], steps: int, runs: int, warmup: int) -> dict:
+    """One row: every backend's first step (boo's with coverage), then `warmup` steps of
+    each, then the timed interleaved runs, then boo's warm probe in a new process."""
+    import boo_backend
+    from boo_backend.benchmarking import interleaved, summarize
+
     row: dict = {"model": spec}
+    torch._dynamo.reset()  # once per model: the backends' compiled models live side by side
+    boo_backend.reset()
     eager_first = None
-    for backend in backends:
-        log(f"{spec}: {backend}")
-        torch._dynamo.reset()
-        boo_backend.reset()
-        try:
-            if backend != "boo":
-                step = build(spec, backend)
-                row[f"{backend}_first_s"], row[f"{backend}_loss"] = first_step(step)
-                eager_first = row[f"{backend}_first_s"] if backend == "eager" else eager_first
-                row[f"{backend}_ms"] = median_ms(step, warmup, steps)
-                continue
-            with tempfile.TemporaryDirectory(prefix="boo-models-") as tmp:
-                cache, dump = Path(tmp, "cache"), Path(tmp, "dump")
+    steps_by_backend = {}
+    with tempfile.TemporaryDirectory(prefix="boo-models-") as tmp:
+        cache, dump = Path(tmp, "cache"), Path(tmp, "dump")
+        for backend in backends:
+            log(f"{spec}: {backend}: first step")
+            try:
+                if backend != "boo":
+                    own_cache = Path(tmp, f"cache-{backend}") if BACKENDS[backend][0] == "boo" else None
+                    step = build(spec, backend, own_cache)
+                    row[f"{backend}_first_s"], row[f"{backend}_loss"] = first_step(step)
+                    eager_first = row[f"{backend}_first_s"] if backend == "eager" else eager_first
+                else:
+                    with warnings.catch_warnings(record=True) as caught:
+                        warnings.simplefilter("always")
+                        step = build(spec, "boo", cache, dump)
+                        row["boo_first_s"], row["boo_loss"] = first_step(step)
+                        boo_coverage(row, boo_backend.placements(), dump, caught)
+                        row["iree_compiles"] = boo_backend.stats().get("iree_compiles", 0)
+                    for msg in sorted(_fallbacks(caught)):
+                        log(f"{spec}: fallback: {msg}")
+                    if eager_first is not None:
+                        row["cold_s"] = row["boo_first_s"] - eager_first
+                steps_by_backend[backend] = step
+            except Exception as e:  # report the backend and go on with the others
+                _error(row, spec, backend, e)
+        for backend, step in list(steps_by_backend.items()):
+            try:
+                for _ in range(warmup):
+                    step()
+            except Exception as e:
+                _error(row, spec, backend, e)
+                del steps_by_backend[backend]
+        if steps_by_backend:
+            log(f"{spec}: {runs} runs x {steps} interleaved steps of {', '.join(steps_by_backend)}")
+            try:
                 with warnings.catch_warnings(record=True) as caught:
                     warnings.simplefilter("always")
-                    step = build(spec, "boo", cache, dump)
-                    row["boo_first_s"], row["boo_loss"] = first_step(step)
-                    boo_coverage(row, boo_backend.placements(), dump, caught)
-                    row["iree_compiles"] = boo_backend.stats().get("iree_compiles", 0)
-                    row["boo_ms"] = median_ms(step, warmup, steps)
-                for msg in sorted({str(w.message) for w in caught
-                                   if issubclass(w.category, boo_backend.BooFallbackWarning)}):
-                    log(f"{spec}: fallback: {msg}")
-                if eager_first is not None:
-                    row["cold_s"] = row["boo_first_s"] - eager_first
+                    times = interleaved(steps_by_backend, steps, runs)
+                for msg in sorted(_fallbacks(caught)):
+                    log(f"{spec}: fallback while timing: {msg}")
+                for backend in steps_by_backend:
+                    st = summarize(times[backend], times.get("eager"))
+                    row[f"{backend}_min_ms"], row[f"{backend}_median_ms"] = st["min_ms"], st["median_ms"]
+                    row[f"{backend}_run_medians_ms"] = st["run_medians_ms"]
+                    row[f"{backend}_run_spread_pct"] = st["run_spread_pct"]
+                    if backend != "eager" and "speedup_vs_eager" in st:
+                        row[f"{backend}_speedup"] = st["speedup_vs_eager"]
+                        row[f"{backend}_speedup_runs"] = st["speedup_runs"]
+            except Exception as e:
+                _error(row, spec, "timing", e)
+        if "boo" in steps_by_backend:
+            try:
                 log(f"{spec}: boo warm probe (new process)")
                 probe = run_probe(spec, cache)
                 row["warm_import_s"] = probe["import_s"]
                 row["warm_s"] = probe["import_s"] + probe["boo_first_s"] - probe["eager_first_s"]
                 row["warm_iree_compiles"] = probe["iree_compiles"]
-        except Exception as e:  # report the model and go on to the next
-            text = str(e).strip().splitlines()
-            row[f"{backend}_error"] = f"{type(e).__name__}: {text[0] if text else ''}"[:300]
-            log(f"{spec}: {backend} failed: {row[f'{backend}_error']}")
-    for backend in backends[1:]:
-        if row.get("eager_ms") and row.get(f"{backend}_ms"):
-            row[f"{backend}_speedup"] = row["eager_ms"] / row[f"{backend}_ms"]
+            except Exception as e:
+                _error(row, spec, "boo_warm_probe", e)
+    spreads = [row[f"{b}_run_spread_pct"] for b in backends if f"{b}_run_spread_pct" in row]
+    if spreads:
+        row["max_run_spread_pct"] = max(spreads)
     if "boo_loss" in row and "eager_loss" in row:
         row["boo_loss_diff"] = abs(row["boo_loss"] - row["eager_loss"])
     return row
+
+
+def _error(row: dict, spec: str, what: str, e: Exception) -> None:
+    text = str(e).strip().splitlines()
+    row[f"{what}_error"] = f"{type(e).__name__}: {text[0] if text else ''}"[:300]
+    log(f"{spec}: {what} failed: {row[f'{what}_error']}")
 
 
 COLUMNS = [  # (CSV key, table heading, format)
     ("model", "model", "{}"), ("graphs", "graphs", "{}"), ("ops", "ops", "{}"),
     ("pct_iree", "% IREE", "{:.1f}"), ("decomposed", "decomp", "{}"), ("composites_by_name", "composites", "{}"),
     ("island_ops", "islands", "{}"), ("cold_s", "cold s", "{:.1f}"), ("warm_s", "warm s", "{:.2f}"),
-    ("eager_ms", "eager ms", "{:.2f}"), ("inductor_ms", "inductor ms", "{:.2f}"),
-    ("boo_ms", "boo ms", "{:.2f}"), ("inductor_speedup", "inductor x", "{:.2f}"),
-    ("boo_speedup", "boo x", "{:.2f}"),
+    ("eager_min_ms", "eager min", "{:.2f}"), ("eager_median_ms", "eager ms", "{:.2f}"),
+    ("inductor_min_ms", "inductor min", "{:.2f}"), ("inductor_median_ms", "inductor ms", "{:.2f}"),
+    ("boo_min_ms", "boo min", "{:.2f}"), ("boo_median_ms", "boo ms", "{:.2f}"),
+    ("max_run_spread_pct", "spread %", "{:.0f}"),
+    ("inductor_speedup", "inductor x", "{:.2f}"), ("boo_speedup", "boo x", "{:.2f}"),
 ]
 
 
@@ -271,7 +306,7 @@ def chart(rows: list[dict], backends: list[str], path: str, title: str) -> None:
 
     models = [r["model"] for r in rows]
     panels = [  # (y label, [(legend, key)], log scale, target lines)
-        ("training step, median ms", [(b, f"{b}_ms") for b in backends], True, []),
+        ("training step, median ms", [(b, f"{b}_median_ms") for b in backends], True, []),
         ("% of ops in IREE (boo)", [("boo", "pct_iree")], False, []),
         ("boo first step minus eager's, s", [("cold", "cold_s"), ("warm (new process)", "warm_s")],
          False, [COLD_TARGET_S, WARM_TARGET_S]),
@@ -299,9 +334,10 @@ def main(argv=None) -> int:
     p.add_argument("--models", help="comma list of zoo names (default: all of boo_backend.zoo.MODELS)")
     p.add_argument("--model", action="append", default=[], metavar="MODULE:FUNCTION",
                    help="your own factory returning (model, kwargs dict | args tuple); repeatable")
-    p.add_argument("--backends", default=",".join(BACKENDS), help="comma list of eager,inductor,boo")
-    p.add_argument("--steps", type=int, default=10, help="timed steps per backend (median)")
-    p.add_argument("--warmup", type=int, default=3, help="untimed steps after the first")
+    p.add_argument("--backends", default=",".join(BACKENDS), help="comma list of " + ",".join(BACKENDS))
+    p.add_argument("--steps", type=int, default=20, help="timed interleaved rounds per run")
+    p.add_argument("--runs", type=int, default=3, help="runs of --steps rounds (median of the run medians)")
+    p.add_argument("--warmup", type=int, default=3, help="untimed steps of each backend after its first")
     p.add_argument("--out", default="bench/models", help="writes OUT.csv and OUT.png")
     p.add_argument("--warm-probe", metavar="MODEL", help=argparse.SUPPRESS)
     p.add_argument("--cache-dir", help=argparse.SUPPRESS)
@@ -310,7 +346,9 @@ def main(argv=None) -> int:
     if args.warm_probe:
         print(json.dumps(warm_probe(args.warm_probe, args.cache_dir)))
         return 0
-
+    if args.steps < 1 or args.runs < 1 or args.warmup < 0:
+        p.error("--steps and --runs must be at least 1, --warmup at least 0")
+    from boo_backend.benchmarking import host_info, host_line, timing_line
     from boo_backend.zoo import MODELS
 
     specs = (args.models.split(",") if args.models else [] if args.model else list(MODELS)) + args.model
@@ -320,22 +358,23 @@ def main(argv=None) -> int:
     backends = ["eager"] + [b for b in args.backends.split(",") if b != "eager"]
     if unknown := set(backends) - set(BACKENDS):
         p.error(f"unknown backend(s) {sorted(unknown)}; use {','.join(BACKENDS)}")
-    cpu = cpu_model()
+    host = host_info()
     if "boo" in backends:  # pay one-time imports (Dynamo, IREE, torch-mlir) before any model
         with tempfile.TemporaryDirectory() as tmp, warnings.catch_warnings():
             warnings.simplefilter("ignore")
             x = torch.ones(4, requires_grad=True)
             torch.compile(lambda t: (t * 2).sum(), backend="boo", options={"cache_dir": tmp})(x).backward()
-    log(f"CPU: {cpu}; {torch.get_num_threads()} threads; models: {', '.join(specs)}")
+    log(f"{host_line(host)}; models: {', '.join(specs)}")
     rows = []
     for spec in specs:
         start = time.perf_counter()
-        rows.append(measure(spec, backends, args.steps, args.warmup) | {"cpu": cpu})
+        rows.append(measure(spec, backends, args.steps, args.runs, args.warmup) | host)
         log(f"{spec}: done in {time.perf_counter() - start:.0f} s")
 
     date = datetime.date.today().isoformat()
-    print(f"CPU: {cpu}, {torch.get_num_threads()} threads; torch {torch.__version__}; {date}; "
-          f"median of {args.steps} steps after {args.warmup} warm-up steps")
+    print(f"{host_line(host)}; {date}")
+    print(timing_line(f"{args.runs} runs x {args.steps} steps after {args.warmup} warm-up steps")
+          + "; spread %: the largest of the backends'")
     print(table(rows))
     for r in rows:
         notes = [f"{k}: {r[k]}" for k in ("composites_by_name", "island_ops_by_name", "recovered")
@@ -355,7 +394,7 @@ def main(argv=None) -> int:
         w.writeheader()
         w.writerows([{k: round(v, 4) if isinstance(v, float) else v for k, v in r.items()} for r in rows])
     try:
-        chart(rows, backends, args.out + ".png", f"boo model zoo, training step: {cpu}, {date}")
+        chart(rows, backends, args.out + ".png", f"boo model zoo, training step: {host['cpu']}, {date}")
     except ImportError:
         print("note: matplotlib is not installed (pip install -e '.[bench]'); wrote the CSV, no PNG",
               file=sys.stderr)

@@ -1,23 +1,29 @@
 """Whole training steps (forward + loss + backward), side by side in one run:
 eager, inductor, boo, and boo with every composite forced off.
 
-For each workload and backend it reports the median step time and its ratio to eager, the
-first call's time in a fresh process with a cold cache and again with a warm one, and the
-largest gradient difference from eager. Writes a CSV and a PNG bar chart.
+Every backend of a workload is built and compiled first (eager always, as the reference),
+then warmed up, then timed in --runs runs of --steps rounds, each round one step of every
+backend in rotating order, so the machine's noise falls on all of them alike. For each
+workload and backend it reports the fastest step, the median step time (the median of the
+runs' medians), each run's median and their spread, the ratio to eager (the median of the
+per-run ratios), the first call's time in a fresh process with a cold cache and again with a
+warm one, and the largest gradient difference from eager. The output's header and every CSV
+row say where it ran (CPU model, cores, threads, torch, IREE and torch-mlir versions).
+Writes a CSV and a PNG bar chart.
 
-    python bench/steps.py [--steps 20] [--workloads ln_gelu,mlp,transformer]
+    python bench/steps.py [--steps 20] [--runs 3] [--warmup 3] [--workloads ln_gelu,mlp,transformer]
                           [--backends eager,inductor,boo,boo-decomposed] [--out bench/steps]
 
-Uses only boo's public API (the "boo" backend name and its options).
+Uses boo's public API (the "boo" backend name and its options) and its benchmarking helpers.
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
+import functools
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -27,7 +33,13 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-BACKENDS = ["eager", "inductor", "boo", "boo-decomposed"]
+# name: (torch.compile backend, its options); None runs the model eagerly.
+BACKENDS: dict[str, tuple[str | None, dict]] = {
+    "eager": (None, {}),
+    "inductor": ("inductor", {}),
+    "boo": ("boo", {}),
+    "boo-decomposed": ("boo", {"force_decompose": "all"}),
+}
 
 
 def _ln_gelu():
@@ -67,12 +79,10 @@ def build(workload: str):
 
 
 def compiled(model, backend: str):
-    if backend == "eager":
+    compiler, options = BACKENDS[backend]
+    if compiler is None:
         return model
-    if backend == "inductor":
-        return torch.compile(model, backend="inductor")
-    options = {"force_decompose": "all"} if backend == "boo-decomposed" else {}
-    return torch.compile(model, backend="boo", options=options)
+    return torch.compile(model, backend=compiler, options=dict(options) or None)
 
 
 def step(run, model, x, y):
@@ -101,31 +111,39 @@ def _child(workload, backend, cache_dir) -> float:
     return json.loads(out.stdout.strip().splitlines()[-1])["first_call_s"]
 
 
-def measure(workload: str, backend: str, steps: int, ref_grads) -> dict:
-    torch._dynamo.reset()  # each run compiles afresh; Dynamo's recompile limit would mix runs
-    model, x, y = build(workload)
-    run = compiled(model, backend)
-    step(run, model, x, y)  # compile
-    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
-    for _ in range(3):
-        step(run, model, x, y)
-    times = []
-    for _ in range(steps):
-        start = time.perf_counter()
-        step(run, model, x, y)
-        times.append((time.perf_counter() - start) * 1e3)
-    diff = rel = 0.0
-    if ref_grads is not None:
-        for name, ref in ref_grads.items():
-            d = (grads[name] - ref).abs().max().item()
+def measure(workload: str, backends: list[str], steps: int, runs: int, warmup: int) -> dict[str, dict]:
+    """{backend: summary}: every backend compiled (its first step) and warmed up, then timed
+    interleaved. backends[0] is eager, the reference for the gradients and the ratios."""
+    from boo_backend.benchmarking import interleaved, summarize
+
+    torch._dynamo.reset()  # once per workload: the backends' compiled models live side by side
+    fns, grads = {}, {}
+    for backend in backends:
+        print(f"{workload} / {backend}: compile", file=sys.stderr, flush=True)
+        model, x, y = build(workload)
+        run = compiled(model, backend)
+        step(run, model, x, y)  # compile
+        grads[backend] = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+        fns[backend] = functools.partial(step, run, model, x, y)
+    for fn in fns.values():
+        for _ in range(warmup):
+            fn()
+    print(f"{workload}: {runs} runs x {steps} interleaved steps", file=sys.stderr, flush=True)
+    times = interleaved(fns, steps, runs)
+    ref = grads[backends[0]]
+    out = {}
+    for backend in backends:
+        diff = rel = 0.0
+        for name, r in ref.items():
+            d = (grads[backend][name] - r).abs().max().item()
             diff = max(diff, d)
-            rel = max(rel, d / max(ref.abs().max().item(), 1e-30))
-    q = statistics.quantiles(times, n=4)
-    return {"median_ms": statistics.median(times), "iqr_pct": 100 * (q[2] - q[0]) / statistics.median(times),
-            "grads": grads, "max_grad_diff": diff, "max_grad_rel_diff": rel}
+            rel = max(rel, d / max(r.abs().max().item(), 1e-30))
+        out[backend] = summarize(times[backend], times[backends[0]]) | {"max_grad_diff": diff,
+                                                                         "max_grad_rel_diff": rel}
+    return out
 
 
-def chart(rows: list[dict], path: str) -> None:
+def chart(rows: list[dict], path: str, title: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -142,7 +160,7 @@ def chart(rows: list[dict], path: str) -> None:
     ax.axhline(1.0, color="black", linewidth=0.8)
     ax.set_xticks([k + width * (len(backends) - 1) / 2 for k in range(len(workloads))], workloads)
     ax.set_ylabel("speed-up over eager (step time)")
-    ax.set_title(f"training step, {torch.get_num_threads()} CPU threads")
+    ax.set_title(title)
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=100)
@@ -150,9 +168,11 @@ def chart(rows: list[dict], path: str) -> None:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--steps", type=int, default=20, help="timed interleaved rounds per run")
+    p.add_argument("--runs", type=int, default=3, help="runs of --steps rounds")
+    p.add_argument("--warmup", type=int, default=3, help="untimed steps of each backend after its first")
     p.add_argument("--workloads", default=",".join(WORKLOADS))
-    p.add_argument("--backends", default=",".join(BACKENDS))
+    p.add_argument("--backends", default=",".join(BACKENDS), help="comma list of " + ", ".join(BACKENDS))
     p.add_argument("--out", default="bench/steps", help="writes OUT.csv and OUT.png")
     p.add_argument("--no-compile-times", action="store_true", help="skip the cold/warm first-call runs")
     p.add_argument("--child", nargs=2, metavar=("WORKLOAD", "BACKEND"), help=argparse.SUPPRESS)
@@ -160,41 +180,55 @@ def main(argv=None) -> int:
     if args.child:
         print(json.dumps({"first_call_s": first_call(*args.child)}))
         return 0
+    if args.steps < 1 or args.runs < 1 or args.warmup < 0:
+        p.error("--steps and --runs must be at least 1, --warmup at least 0")
+    backends = ["eager"] + [b for b in args.backends.split(",") if b and b != "eager"]
+    if unknown := sorted(set(backends) - set(BACKENDS)):
+        p.error(f"unknown backend(s) {unknown}; use {','.join(BACKENDS)}")
+    if unknown := sorted(set(args.workloads.split(",")) - set(WORKLOADS)):
+        p.error(f"unknown workload(s) {unknown}; use {','.join(WORKLOADS)}")
 
-    backends = args.backends.split(",")
+    from boo_backend.benchmarking import HOST_COLUMNS, host_info, host_line, timing_line
+
+    host = host_info()
+    print(host_line(host), file=sys.stderr, flush=True)
     rows = []
     for workload in args.workloads.split(","):
-        ref = measure(workload, "eager", args.steps, None)
+        results = measure(workload, backends, args.steps, args.runs, args.warmup)
         eager_first = None
         for backend in backends:
-            print(f"{workload} / {backend} ...", file=sys.stderr, flush=True)
-            r = ref if backend == "eager" else measure(workload, backend, args.steps, ref["grads"])
+            r = results[backend]
             cold = warm = float("nan")
             if not args.no_compile_times:
+                print(f"{workload} / {backend}: first calls in new processes", file=sys.stderr, flush=True)
                 with tempfile.TemporaryDirectory() as cache:
                     cold = _child(workload, backend, cache)
                     warm = _child(workload, backend, cache)
                 eager_first = cold if backend == "eager" else eager_first
             rows.append({
                 "workload": workload, "backend": backend,
-                "step_ms": round(r["median_ms"], 3), "iqr_pct": round(r["iqr_pct"], 1),
-                "speedup_vs_eager": round(ref["median_ms"] / r["median_ms"], 3),
+                "min_ms": round(r["min_ms"], 3), "median_ms": round(r["median_ms"], 3),
+                "run_medians_ms": r["run_medians_ms"], "run_spread_pct": round(r["run_spread_pct"], 1),
+                "iqr_pct": round(r["iqr_pct"], 1),
+                "speedup_vs_eager": round(r["speedup_vs_eager"], 3), "speedup_runs": r["speedup_runs"],
                 "first_call_cold_s": round(cold, 3), "first_call_warm_s": round(warm, 3),
                 "warm_minus_eager_first_s": "" if eager_first is None else round(warm - eager_first, 3),
                 "max_grad_diff": f"{r['max_grad_diff']:.2e}", "max_grad_rel_diff": f"{r['max_grad_rel_diff']:.2e}",
-            })
-    cols = list(rows[0])
+            } | host)
+    cols = [c for c in rows[0] if c not in HOST_COLUMNS]  # the host is the header line
     widths = {c: max(len(c), *(len(str(r[c])) for r in rows)) for c in cols}
+    print(host_line(host))
+    print(timing_line(f"{args.runs} runs x {args.steps} steps after {args.warmup} warm-up steps"))
     print("  ".join(c.rjust(widths[c]) for c in cols))
     for r in rows:
         print("  ".join(str(r[c]).rjust(widths[c]) for c in cols))
     os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
     with open(args.out + ".csv", "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=cols)
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
         w.writeheader()
         w.writerows(rows)
     try:
-        chart(rows, args.out + ".png")
+        chart(rows, args.out + ".png", f"training step: {host['cpu']}, {host['torch_threads']} threads")
     except ImportError:
         print("matplotlib is not installed (pip install -e '.[bench]'); no PNG written", file=sys.stderr)
     return 0

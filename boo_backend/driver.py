@@ -5,8 +5,13 @@
 
 Op names are the composite families of the registry (`layer_norm`, `gelu`). -F is a bit set:
 1 forward, 2 input gradient, 4 weight gradient, 8 bias gradient (14: the combined backward).
-Each backend's median time is compared with eager's, with the bytes the op must move, with a
-plain copy of as many bytes, and with a float64 reference. A CLI: the library never imports it.
+Every backend is compiled and warmed up first; then --runs runs of --iter rounds, each round
+one call of every backend (and of a plain copy) in rotating order, so the machine's noise
+falls on all of them alike. Each backend's min and median (of the runs' medians) are compared
+with eager's (the median of the per-run ratios), with the bytes the op must move, with the
+plain copy of as many bytes, and with a float64 reference. The output and every CSV row say
+where it ran (CPU model, cores, threads, torch, IREE and torch-mlir versions).
+A CLI: the library never imports it.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ from __future__ import annotations
 import argparse
 import csv
 import dataclasses
+import functools
 import shlex
 import statistics
 import sys
@@ -22,14 +28,23 @@ import time
 import torch
 
 from . import composites
+from .benchmarking import HOST_COLUMNS, host_info, host_line, interleaved, summarize, timing_line
 from .config import BooError
 
-BACKENDS = ("eager", "inductor", "boo", "boo-decomposed")
+# name: (torch.compile backend, its options); None runs the op eagerly.
+BACKENDS: dict[str, tuple[str | None, dict]] = {
+    "eager": (None, {}),
+    "inductor": ("inductor", {}),
+    "boo": ("boo", {}),
+    "boo-decomposed": ("boo", {"force_decompose": "all"}),
+}
 DTYPES = {"f32": torch.float32, "fp32": torch.float32, "bf16": torch.bfloat16,
           "f16": torch.float16, "fp16": torch.float16}
 TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 1e-2, torch.float16: 1e-2}
-CSV_COLUMNS = ["op", "shape", "dtype", "flags", "backend", "median_ms", "spread_pct", "gb_per_s",
-               "copy_pct", "speedup_vs_eager", "max_rel_err", "numerics"]
+CSV_COLUMNS = ["op", "shape", "dtype", "flags", "backend", "min_ms", "median_ms", "run_medians_ms",
+               "run_spread_pct", "spread_pct", "gb_per_s", "copy_pct", "speedup_vs_eager", "speedup_runs",
+               "max_rel_err", "numerics"] + HOST_COLUMNS
+_COPY = " copy"  # the plain copy's key among the timed functions (no backend has a space)
 
 
 @dataclasses.dataclass
@@ -42,6 +57,7 @@ class Command:
     backends: list[str]
     iters: int
     warmup: int
+    runs: int = 3
 
 
 def _parser(exit_on_error: bool) -> argparse.ArgumentParser:
@@ -53,8 +69,9 @@ def _parser(exit_on_error: bool) -> argparse.ArgumentParser:
     p.add_argument("-t", "--dtype", default="f32", help="f32, bf16 or f16")
     p.add_argument("-F", "--flags", type=int, default=1, help="1 fwd, 2 dx, 4 dweight, 8 dbias")
     p.add_argument("--backend", default="eager,boo,boo-decomposed", help="comma list of " + ", ".join(BACKENDS))
-    p.add_argument("--iter", type=int, default=20, dest="iters")
-    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--iter", type=int, default=20, dest="iters", help="timed rounds per run")
+    p.add_argument("--runs", type=int, default=3, help="runs of --iter rounds (median of the run medians)")
+    p.add_argument("--warmup", type=int, default=3, help="untimed calls of each backend before")
     return p
 
 
@@ -78,8 +95,10 @@ def parse_command(text: str, defaults: argparse.Namespace | None = None) -> Comm
     unknown = [b for b in backends if b not in BACKENDS]
     if unknown or not backends:
         raise BooError(f"bad command {text!r}: unknown backend {unknown}; use {', '.join(BACKENDS)}")
+    if ns.iters < 1 or ns.runs < 1 or ns.warmup < 0:
+        raise BooError(f"bad command {text!r}: --iter and --runs must be at least 1, --warmup at least 0")
     composites.for_flags(ns.op, ns.flags)  # raises on an unknown op or flag set
-    return Command(text, ns.op, shape, ns.dtype, ns.flags, backends, ns.iters, ns.warmup)
+    return Command(text, ns.op, shape, ns.dtype, ns.flags, backends, ns.iters, ns.warmup, ns.runs)
 
 
 def _sync(device: torch.device) -> None:
@@ -125,16 +144,14 @@ def _callable(backend: str, op, args, kwargs):
             full[i] = t
         return op(*full, **kwargs)
 
-    if backend == "eager":
+    compiler, options = BACKENDS[backend]
+    if compiler is None:
         return fn
-    if backend == "inductor":
-        return torch.compile(fn, backend="inductor", dynamic=False)
-    options = {"force_decompose": "all"} if backend == "boo-decomposed" else {}
-    return torch.compile(fn, backend="boo", dynamic=False, options=options)
+    return torch.compile(fn, backend=compiler, dynamic=False, options=dict(options) or None)
 
 
 def copy_gbps(nbytes: int, device: torch.device, warmup: int, iters: int) -> float:
-    """Bandwidth of a plain copy moving `nbytes` (half read, half written)."""
+    """Bandwidth of a plain copy moving `nbytes` (half read, half written), timed alone."""
     src = torch.empty(max(nbytes // 2, 1), dtype=torch.uint8, device=device).random_()
     dst = torch.empty_like(src)
     ms = statistics.median(time_ms(lambda: dst.copy_(src), warmup, iters, device))
@@ -142,7 +159,10 @@ def copy_gbps(nbytes: int, device: torch.device, warmup: int, iters: int) -> flo
 
 
 def measure(cmd: Command, device: torch.device, progress=None) -> list[dict]:
+    """One row per op of the command's family and backend. The backends (and a plain copy of
+    the bytes the op moves) are compiled and warmed up, then timed interleaved."""
     rows = []
+    host = host_info()
     torch.manual_seed(0)
     for entry in composites.for_flags(cmd.family, cmd.flags):
         args, kwargs = entry.sample(cmd.shape, DTYPES[cmd.dtype], cmd.flags)
@@ -150,27 +170,35 @@ def measure(cmd: Command, device: torch.device, progress=None) -> list[dict]:
         tensors = [a for a in args if isinstance(a, torch.Tensor)]
         reference = entry.op(*[a.double() if isinstance(a, torch.Tensor) else a for a in args], **kwargs)
         moved = sum(t.numel() * t.element_size() for t in tensors + _tensors(entry.op(*args, **kwargs)))
-        copy = copy_gbps(moved, device, cmd.warmup, cmd.iters)
-        eager_ms = None
+        src = torch.empty(max(moved // 2, 1), dtype=torch.uint8, device=device).random_()
+        dst = torch.empty_like(src)
+        torch._dynamo.reset()  # once per op: the backends' compiled functions live side by side
+        fns, errors = {}, {}
         for backend in cmd.backends:
-            torch._dynamo.reset()
             fn = _callable(backend, entry.op, args, kwargs)
-            out = fn(*tensors)  # compiles
-            times = time_ms(lambda: fn(*tensors), cmd.warmup, cmd.iters, device)
-            median = statistics.median(times)
-            q = statistics.quantiles(times, n=4) if len(times) > 1 else [median] * 3
-            eager_ms = median if backend == "eager" else eager_ms
-            err = _rel_error(out, reference)
-            gbps = moved / median / 1e6
+            errors[backend] = _rel_error(fn(*tensors), reference)  # compiles
+            fns[backend] = functools.partial(fn, *tensors)
+        fns[_COPY] = functools.partial(dst.copy_, src)
+        for fn in fns.values():
+            for _ in range(cmd.warmup):
+                fn()
+        _sync(device)
+        times = interleaved(fns, cmd.iters, cmd.runs, sync=(lambda: _sync(device)) if device.type != "cpu" else None)
+        copy = 2 * src.numel() / summarize(times[_COPY])["median_ms"] / 1e6
+        for backend in cmd.backends:
+            st = summarize(times[backend], times.get("eager"))
+            gbps = moved / st["median_ms"] / 1e6
             row = {
                 "op": entry.name, "shape": "x".join(map(str, cmd.shape)), "dtype": cmd.dtype,
-                "flags": cmd.flags, "backend": backend, "median_ms": round(median, 4),
-                "spread_pct": round(100 * (q[2] - q[0]) / median, 1), "gb_per_s": round(gbps, 2),
-                "copy_pct": round(100 * gbps / copy, 1),
-                "speedup_vs_eager": "" if eager_ms is None else round(eager_ms / median, 3),
-                "max_rel_err": f"{err:.1e}",
-                "numerics": "ok" if err < TOLERANCE[DTYPES[cmd.dtype]] else "FAIL",
-            }
+                "flags": cmd.flags, "backend": backend, "min_ms": round(st["min_ms"], 4),
+                "median_ms": round(st["median_ms"], 4), "run_medians_ms": st["run_medians_ms"],
+                "run_spread_pct": round(st["run_spread_pct"], 1), "spread_pct": round(st["iqr_pct"], 1),
+                "gb_per_s": round(gbps, 2), "copy_pct": round(100 * gbps / copy, 1),
+                "speedup_vs_eager": round(st["speedup_vs_eager"], 3) if "speedup_vs_eager" in st else "",
+                "speedup_runs": st.get("speedup_runs", ""),
+                "max_rel_err": f"{errors[backend]:.1e}",
+                "numerics": "ok" if errors[backend] < TOLERANCE[DTYPES[cmd.dtype]] else "FAIL",
+            } | host
             rows.append(row)
             if progress:
                 progress(row)
@@ -178,10 +206,10 @@ def measure(cmd: Command, device: torch.device, progress=None) -> list[dict]:
 
 
 def format_table(rows: list[dict]) -> str:
-    cols = ["op", "shape", "dtype", "flags", "backend", "median_ms", "spread_pct", "gb_per_s",
-            "copy_pct", "speedup_vs_eager", "max_rel_err", "numerics"]
-    heads = ["op", "shape", "dtype", "-F", "backend", "median ms", "IQR %", "GB/s", "% copy",
-             "vs eager", "rel err", "check"]
+    cols = ["op", "shape", "dtype", "flags", "backend", "min_ms", "median_ms", "run_spread_pct", "spread_pct",
+            "gb_per_s", "copy_pct", "speedup_vs_eager", "max_rel_err", "numerics"]
+    heads = ["op", "shape", "dtype", "-F", "backend", "min ms", "median ms", "spread %", "IQR %", "GB/s",
+             "% copy", "vs eager", "rel err", "check"]
     cells = [heads] + [[str(r[c]) for c in cols] for r in rows]
     widths = [max(len(row[i]) for row in cells) for i in range(len(cols))]
     lines = ["  ".join(c.ljust(w) if i < 5 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths)))
@@ -211,7 +239,8 @@ def main(argv=None) -> int:
         out = open(ns.csv, "w", newline="")
         writer = csv.DictWriter(out, fieldnames=CSV_COLUMNS)
         writer.writeheader()
-    rows, failures = [], []
+    rows, failures, timings = [], [], set()
+    print(host_line(), file=sys.stderr, flush=True)
     for i, text in enumerate(texts, 1):
         try:
             cmd = parse_command(_strip_driver_options(text))
@@ -219,10 +248,12 @@ def main(argv=None) -> int:
             failures.append(str(e))
             print(f"[{i}/{len(texts)}] error: {e}", file=sys.stderr, flush=True)
             continue
+        timings.add((cmd.runs, cmd.iters, cmd.warmup))
 
         def progress(row, i=i):
             print(f"[{i}/{len(texts)}] {row['op']} {row['shape']} {row['dtype']} -F {row['flags']} "
-                  f"{row['backend']}: {row['median_ms']} ms", file=sys.stderr, flush=True)
+                  f"{row['backend']}: min {row['min_ms']} ms, median {row['median_ms']} ms "
+                  f"(runs {row['run_medians_ms']})", file=sys.stderr, flush=True)
             if writer:
                 writer.writerow(row)
                 out.flush()
@@ -231,6 +262,8 @@ def main(argv=None) -> int:
     if out:
         out.close()
     if rows:
+        print(host_line())
+        print(timing_line(", ".join(f"{r} runs x {n} steps after {w} warm-up calls" for r, n, w in sorted(timings))))
         print(format_table(rows))
     for failure in failures:
         print(f"error: {failure}", file=sys.stderr)
