@@ -39,7 +39,12 @@ BACKENDS: dict[str, tuple[str | None, dict]] = {
     "inductor": ("inductor", {}),
     "boo": ("boo", {}),
     "boo-decomposed": ("boo", {"force_decompose": "all"}),
+    # Not run by default: boo with every matmul in ATen, or every matmul in IREE (the
+    # default, "boo", measures each shape and picks).
+    "boo-aten-matmul": ("boo", {"aten_matmul": "always"}),
+    "boo-iree-matmul": ("boo", {"aten_matmul": "never"}),
 }
+DEFAULT_BACKENDS = ["eager", "inductor", "boo", "boo-decomposed"]
 
 
 def _ln_gelu():
@@ -172,7 +177,7 @@ def main(argv=None) -> int:
     p.add_argument("--runs", type=int, default=3, help="runs of --steps rounds")
     p.add_argument("--warmup", type=int, default=3, help="untimed steps of each backend after its first")
     p.add_argument("--workloads", default=",".join(WORKLOADS))
-    p.add_argument("--backends", default=",".join(BACKENDS), help="comma list of " + ", ".join(BACKENDS))
+    p.add_argument("--backends", default=",".join(DEFAULT_BACKENDS), help="comma list of " + ", ".join(BACKENDS))
     p.add_argument("--out", default="bench/steps", help="writes OUT.csv and OUT.png")
     p.add_argument("--no-compile-times", action="store_true", help="skip the cold/warm first-call runs")
     p.add_argument("--child", nargs=2, metavar=("WORKLOAD", "BACKEND"), help=argparse.SUPPRESS)
