@@ -84,3 +84,23 @@ attributes {boo.composite = "{{ composite }}", boo.version = {{ version }} : i64
   }, {
   }) : () -> ({{ types|join(", ") }})
 {%- endmacro %}
+
+{#- As cpu_tiles, with a fourth level: the vector tile of parallel loops inside the reduction
+    loops. Tiled after the reductions, so a producer fused at the workgroup level (a row sum
+    that a reduction loop consumes) is computed once per reduction step, not per tile. -#}
+{% macro cpu_tiles_inner(distribution, parallel, reduction, inner) -%}
+#iree_codegen.compilation_info<lowering_config = #iree_cpu.lowering_config<distribution = {{ distribution }}, vector_common_parallel = {{ parallel }}, vector_reduction = {{ reduction }}, vector_inner_parallel = {{ inner }}>, translation_info = #iree_codegen.translation_info<pipeline = #iree_cpu.pipeline<DoubleTilingExpert>>>
+{%- endmacro %}
+
+{#- A CPU lowering config with only the vector tile of reductions, for an op fused into
+    another's dispatch (which carries the compilation_info). -#}
+{% macro cpu_reduction_tiles(reduction) -%}
+#iree_cpu.lowering_config<vector_reduction = {{ reduction }}>
+{%- endmacro %}
+
+{#- A CPU lowering config with only the vector tile of parallel loops inside reductions: for
+    the initial value of an accumulator that a reduction loop keeps in memory, which would
+    otherwise be written in one vector as long as its untiled loops. -#}
+{% macro cpu_inner_tiles(inner) -%}
+#iree_cpu.lowering_config<vector_inner_parallel = {{ inner }}>
+{%- endmacro %}

@@ -1,19 +1,62 @@
 {#- native_layer_norm_backward on x[M, N] over N, computing only what output_mask asks:
       dx = rstd * (g*w - mean_j(g*w) - xhat * mean_j(g*w*xhat)),  xhat = (x - mean) * rstd
       dw = sum_i g * xhat,  db = sum_i g
-    Params: M, N, dtype, stat_dtype, has_weight, has_bias, output_mask, blocks.
-    The column sums are split into `blocks` row blocks summed in parallel, then added. -#}
+    Params: M, N, dtype, stat_dtype, has_weight, has_bias, output_mask, blocks, target.
+    The column sums are split into `blocks` row blocks summed in parallel, then added.
+    On the CPU, when dx and a column sum are both asked for (and N <= 4096), one dispatch
+    reads each row of g and x once from memory: per row, its two sums, then (the row still
+    in L1) dx and the block's column partial sums. Otherwise the row sums and dx are one
+    dispatch and the column partials another. -#}
 {% import "_helpers.mlir" as h with context %}
 {% set X = h.tensor([M, N], dtype) %}
 {% set V = h.tensor([N], dtype) %}
 {% set ROW = h.tensor([M], "f32") %}
 {% set STAT = h.tensor([M, 1], stat_dtype) %}
 {% set R = M // blocks %}
+{% set B3 = h.tensor([blocks, R, N], dtype) %}
+{% set BR = h.tensor([blocks, R], "f32") %}
+{% set P = h.tensor([blocks, N], "f32") %}
+{% set COL = h.tensor([N], "f32") %}
 {% set results = [] %}
 {% if output_mask[0] %}{% set _ = results.append(("dx", X)) %}{% endif %}
 {% if output_mask[1] %}{% set _ = results.append(("dw", V)) %}{% endif %}
 {% if output_mask[2] %}{% set _ = results.append(("db", V)) %}{% endif %}
+{% set cols = [] %}
+{% if output_mask[1] %}{% set _ = cols.append("w") %}{% endif %}
+{% if output_mask[2] %}{% set _ = cols.append("b") %}{% endif %}
+{#- Past N = 4096, IREE 3.13 writes one accumulator's initial value as one vector of N
+    elements, longer than it allows; such rows take the two-dispatch path. -#}
+{% set one_pass = output_mask[0] and cols and target == "llvm-cpu" and N <= 4096 %}
 {% set gw = "gw" if has_weight else h.f32ref("gf", "gin", dtype)[1:] %}
+{#- Body pieces shared by the ops below: f32 g and x, xhat, g*w; then the row sums; then dx
+    from the row sums %s1, %s2. -#}
+{% macro xhat_gw() -%}
+    {{ h.to_f32("gf", "gin", dtype) }}
+    {{ h.to_f32("xf", "xin", dtype) }}
+    %c = arith.subf {{ h.f32ref("xf", "xin", dtype) }}, %mu : f32
+    %xhat = arith.mulf %c, %rs : f32
+{% if has_weight %}
+    {{ h.to_f32("wf", "win", dtype) }}
+    %gw = arith.mulf {{ h.f32ref("gf", "gin", dtype) }}, {{ h.f32ref("wf", "win", dtype) }} : f32
+{% endif %}
+{%- endmacro %}
+{% macro row_sums_body() -%}
+{{ xhat_gw() }}
+    %s1n = arith.addf %s1, %{{ gw }} : f32
+    %p = arith.mulf %{{ gw }}, %xhat : f32
+    %s2n = arith.addf %s2, %p : f32
+    linalg.yield %s1n, %s2n : f32, f32
+{%- endmacro %}
+{% macro dx_body() -%}
+{{ xhat_gw() }}
+    %m1 = arith.divf %s1, %n : f32
+    %m2 = arith.divf %s2, %n : f32
+    %t0 = arith.subf %{{ gw }}, %m1 : f32
+    %t1 = arith.mulf %xhat, %m2 : f32
+    %t2 = arith.subf %t0, %t1 : f32
+    %dxf = arith.mulf %t2, %rs : f32
+    {{ h.from_f32("dxn", "dxf", dtype) }}
+{%- endmacro %}
 func.func private @{{ func_name }}(%g: {{ X }}, %x: {{ X }}, %mean: {{ STAT }}, %rstd: {{ STAT }}{% if has_weight %}, %w: {{ V }}{% endif %})
     -> ({% for name, type in results %}{{ type }}{{ ", " if not loop.last }}{% endfor %}) {{ h.identity({"output_mask": output_mask, "normalized_size": N, "has_weight": has_weight, "has_bias": has_bias}) }} {
   %zero = arith.constant 0.0 : f32
@@ -28,6 +71,62 @@ func.func private @{{ func_name }}(%g: {{ X }}, %x: {{ X }}, %mean: {{ STAT }}, 
   %n = arith.constant {{ "%.1f"|format(N) }} : f32
   {{ h.row_f32("mean_f", "%mean", M, stat_dtype) }}
   {{ h.row_f32("rstd_f", "%rstd", M, stat_dtype) }}
+{% if one_pass %}
+  {# One dispatch over [blocks, R, N], one block per workgroup. %sums (the row sums) is
+      fused into the loop over the block's rows of %parts (dx and the column partials): the
+      CPU tiles below make that loop the outer one, tile dx's columns inside it (not around
+      it, which would recompute the row sums for every column tile), and tile the row sums
+      along the row so they accumulate in vector registers. #}
+{% set vec = 16 %}
+{% set row_vec = 64 %}
+  %negzero = arith.constant -0.0 : f32
+  %g3 = tensor.expand_shape %g [[0, 1], [2]] output_shape [{{ blocks }}, {{ R }}, {{ N }}] : {{ X }} into {{ B3 }}
+  %x3 = tensor.expand_shape %x [[0, 1], [2]] output_shape [{{ blocks }}, {{ R }}, {{ N }}] : {{ X }} into {{ B3 }}
+  %mean2 = tensor.expand_shape %mean_f [[0, 1]] output_shape [{{ blocks }}, {{ R }}] : {{ ROW }} into {{ BR }}
+  %rstd2 = tensor.expand_shape %rstd_f [[0, 1]] output_shape [{{ blocks }}, {{ R }}] : {{ ROW }} into {{ BR }}
+{% set region_values = ["%parts#0"] %}{% set region_types = [B3] %}
+{% for c in cols %}{% set _ = region_values.append("%parts#" ~ loop.index) %}{% set _ = region_types.append(P) %}{% endfor %}
+  {% call h.dispatch_region("one", region_values, region_types) %}
+  %br_empty = tensor.empty() : {{ BR }}
+  %br_zero = linalg.fill ins(%zero : f32) outs(%br_empty : {{ BR }}) -> {{ BR }}
+  %sums:2 = linalg.generic {indexing_maps = [{{ h.map(3) }}, {{ h.map(3) }}, {{ h.map(3, [0, 1]) }}, {{ h.map(3, [0, 1]) }}{% if has_weight %}, {{ h.map(3, [2]) }}{% endif %}, {{ h.map(3, [0, 1]) }}, {{ h.map(3, [0, 1]) }}],
+                            iterator_types = ["parallel", "parallel", "reduction"]}
+      ins(%g3, %x3, %mean2, %rstd2{% if has_weight %}, %w{% endif %} : {{ B3 }}, {{ B3 }}, {{ BR }}, {{ BR }}{% if has_weight %}, {{ V }}{% endif %})
+      outs(%br_zero, %br_zero : {{ BR }}, {{ BR }})
+      attrs = {lowering_config = {{ h.cpu_reduction_tiles([0, 0, row_vec]) }}} {
+  ^bb0(%gin: {{ dtype }}, %xin: {{ dtype }}, %mu: f32, %rs: f32{% if has_weight %}, %win: {{ dtype }}{% endif %}, %s1: f32, %s2: f32):
+{{ row_sums_body() }}
+  } -> ({{ BR }}, {{ BR }})
+  %dx_empty = tensor.empty() : {{ B3 }}
+  %part_empty = tensor.empty() : {{ P }}
+  {#- One initial value per partial sum, each tiled along the columns (untiled, its stack
+      copy can pass IREE's limit). dw's starts at +0.0 and db's at -0.0 (both add nothing),
+      so that CSE keeps them apart. #}
+{% for c in cols %}
+  %part_zero_{{ c }} = linalg.fill {lowering_config = {{ h.cpu_inner_tiles([0, vec]) }}} ins({{ "%zero" if c == "w" else "%negzero" }} : f32) outs(%part_empty : {{ P }}) -> {{ P }}
+{% endfor %}
+  {# Loops (block, column, row), the row reduction innermost as IREE orders it. #}
+  %parts:{{ cols|length + 1 }} = linalg.generic {indexing_maps = [{{ h.map(3, [0, 2, 1]) }}, {{ h.map(3, [0, 2, 1]) }}, {{ h.map(3, [0, 2]) }}, {{ h.map(3, [0, 2]) }}{% if has_weight %}, {{ h.map(3, [1]) }}{% endif %}, {{ h.map(3, [0, 2]) }}, {{ h.map(3, [0, 2]) }}, {{ h.map(3, [0, 2, 1]) }}{% for c in cols %}, {{ h.map(3, [0, 1]) }}{% endfor %}],
+                             iterator_types = ["parallel", "parallel", "reduction"]}
+      ins(%g3, %x3, %mean2, %rstd2{% if has_weight %}, %w{% endif %}, %sums#0, %sums#1 : {{ B3 }}, {{ B3 }}, {{ BR }}, {{ BR }}{% if has_weight %}, {{ V }}{% endif %}, {{ BR }}, {{ BR }})
+      outs(%dx_empty{% for c in cols %}, %part_zero_{{ c }}{% endfor %} : {{ B3 }}{% for c in cols %}, {{ P }}{% endfor %})
+      attrs = {compilation_info = {{ h.cpu_tiles_inner([1, 0, 0], [1, 0, 0], [0, 0, 1], [0, vec, 0]) }}} {
+  ^bb0(%gin: {{ dtype }}, %xin: {{ dtype }}, %mu: f32, %rs: f32{% if has_weight %}, %win: {{ dtype }}{% endif %}, %s1: f32, %s2: f32, %unused: {{ dtype }}{% for c in cols %}, %p{{ c }}: f32{% endfor %}):
+{{ dx_body() }}
+{% if "w" in cols %}
+    {#- g * xhat exactly (-0.0 adds nothing). A plain mulf feeding the accumulation is folded
+        by IREE into a vector.contract that it then lowers one element at a time. #}
+    %gx = math.fma {{ h.f32ref("gf", "gin", dtype) }}, %xhat, %negzero : f32
+    %pwn = arith.addf %pw, %gx : f32
+{% endif %}
+{% if "b" in cols %}
+    %pbn = arith.addf %pb, {{ h.f32ref("gf", "gin", dtype) }} : f32
+{% endif %}
+    linalg.yield {{ h.narrowref("dxn", "dxf", dtype) }}{% for c in cols %}, %p{{ c }}n{% endfor %} : {{ dtype }}{% for c in cols %}, f32{% endfor %}{{ "" }}
+  } -> ({{ B3 }}{% for c in cols %}, {{ P }}{% endfor %})
+  {% endcall %}
+  %dx = tensor.collapse_shape %one#0 [[0, 1], [2]] : {{ B3 }} into {{ X }}
+{% else %}
 {% if output_mask[0] %}
   %row_empty = tensor.empty() : {{ ROW }}
   %row_zero = linalg.fill ins(%zero : f32) outs(%row_empty : {{ ROW }}) -> {{ ROW }}
@@ -36,18 +135,7 @@ func.func private @{{ func_name }}(%g: {{ X }}, %x: {{ X }}, %mean: {{ STAT }}, 
       ins(%g, %x, %mean_f, %rstd_f{% if has_weight %}, %w{% endif %} : {{ X }}, {{ X }}, {{ ROW }}, {{ ROW }}{% if has_weight %}, {{ V }}{% endif %})
       outs(%row_zero, %row_zero : {{ ROW }}, {{ ROW }}) {
   ^bb0(%gin: {{ dtype }}, %xin: {{ dtype }}, %mu: f32, %rs: f32{% if has_weight %}, %win: {{ dtype }}{% endif %}, %s1: f32, %s2: f32):
-    {{ h.to_f32("gf", "gin", dtype) }}
-    {{ h.to_f32("xf", "xin", dtype) }}
-    %c = arith.subf {{ h.f32ref("xf", "xin", dtype) }}, %mu : f32
-    %xhat = arith.mulf %c, %rs : f32
-{% if has_weight %}
-    {{ h.to_f32("wf", "win", dtype) }}
-    %gw = arith.mulf {{ h.f32ref("gf", "gin", dtype) }}, {{ h.f32ref("wf", "win", dtype) }} : f32
-{% endif %}
-    %s1n = arith.addf %s1, %{{ gw }} : f32
-    %p = arith.mulf %{{ gw }}, %xhat : f32
-    %s2n = arith.addf %s2, %p : f32
-    linalg.yield %s1n, %s2n : f32, f32
+{{ row_sums_body() }}
   } -> ({{ ROW }}, {{ ROW }})
   %dx_empty = tensor.empty() : {{ X }}
   %dx = linalg.generic {indexing_maps = [{{ h.map(2) }}, {{ h.map(2) }}, {{ h.map(2, [0]) }}, {{ h.map(2, [0]) }}{% if has_weight %}, {{ h.map(2, [1]) }}{% endif %}, {{ h.map(2, [0]) }}, {{ h.map(2, [0]) }}, {{ h.map(2) }}],
@@ -55,32 +143,11 @@ func.func private @{{ func_name }}(%g: {{ X }}, %x: {{ X }}, %mean: {{ STAT }}, 
       ins(%g, %x, %mean_f, %rstd_f{% if has_weight %}, %w{% endif %}, %sums#0, %sums#1 : {{ X }}, {{ X }}, {{ ROW }}, {{ ROW }}{% if has_weight %}, {{ V }}{% endif %}, {{ ROW }}, {{ ROW }})
       outs(%dx_empty : {{ X }}) {
   ^bb0(%gin: {{ dtype }}, %xin: {{ dtype }}, %mu: f32, %rs: f32{% if has_weight %}, %win: {{ dtype }}{% endif %}, %s1: f32, %s2: f32, %unused: {{ dtype }}):
-    {{ h.to_f32("gf", "gin", dtype) }}
-    {{ h.to_f32("xf", "xin", dtype) }}
-    %c = arith.subf {{ h.f32ref("xf", "xin", dtype) }}, %mu : f32
-    %xhat = arith.mulf %c, %rs : f32
-{% if has_weight %}
-    {{ h.to_f32("wf", "win", dtype) }}
-    %gw = arith.mulf {{ h.f32ref("gf", "gin", dtype) }}, {{ h.f32ref("wf", "win", dtype) }} : f32
-{% endif %}
-    %m1 = arith.divf %s1, %n : f32
-    %m2 = arith.divf %s2, %n : f32
-    %t0 = arith.subf %{{ gw }}, %m1 : f32
-    %t1 = arith.mulf %xhat, %m2 : f32
-    %t2 = arith.subf %t0, %t1 : f32
-    %dxf = arith.mulf %t2, %rs : f32
-    {{ h.from_f32("dxn", "dxf", dtype) }}
+{{ dx_body() }}
     linalg.yield {{ h.narrowref("dxn", "dxf", dtype) }} : {{ dtype }}
   } -> {{ X }}
 {% endif %}
-{% set cols = [] %}
-{% if output_mask[1] %}{% set _ = cols.append("w") %}{% endif %}
-{% if output_mask[2] %}{% set _ = cols.append("b") %}{% endif %}
 {% if cols %}
-{% set B3 = h.tensor([blocks, R, N], dtype) %}
-{% set BR = h.tensor([blocks, R], "f32") %}
-{% set P = h.tensor([blocks, N], "f32") %}
-{% set COL = h.tensor([N], "f32") %}
   {#- A barrier keeps IREE from fusing the producer of %g (often an activation's backward)
       into this column reduction, where it would run once per strided element; it is
       cheaper to materialize it. #}
@@ -116,12 +183,16 @@ func.func private @{{ func_name }}(%g: {{ X }}, %x: {{ X }}, %mean: {{ STAT }}, 
 {% endif %}
     linalg.yield {% for c in cols %}%p{{ c }}n{{ ", " if not loop.last }}{% endfor %} : {% for c in cols %}f32{{ ", " if not loop.last }}{% endfor %}{{ "" }}
   } -> ({% for c in cols %}{{ P }}{{ ", " if not loop.last }}{% endfor %})
+{% endif %}
+{% endif %}
+{% if cols %}
   %colf_empty = tensor.empty() : {{ COL }}
   %col_zero = linalg.fill ins(%zero : f32) outs(%colf_empty : {{ COL }}) -> {{ COL }}
   %col_empty = tensor.empty() : {{ V }}
 {% for c in cols %}
+{% set part = ("%one#" ~ loop.index) if one_pass else ("%parts#" ~ loop.index0) %}
   %sum_{{ c }} = linalg.generic {indexing_maps = [{{ h.map(2, [1, 0]) }}, {{ h.map(2, [0]) }}], iterator_types = ["parallel", "reduction"]}
-      ins(%parts#{{ loop.index0 }} : {{ P }}) outs(%col_zero : {{ COL }}) {
+      ins({{ part }} : {{ P }}) outs(%col_zero : {{ COL }}) {
   ^bb0(%p: f32, %acc: f32):
     %accn = arith.addf %acc, %p : f32
     linalg.yield %accn : f32
