@@ -230,7 +230,8 @@ ROWS = {
         [(1, True, True, [True, True, True]), (1, False, False, [True, False, False]),
          (1, True, True, [False, True, True]), (1, True, False, [True, True, False]),
          (2, True, True, [True, True, True])],
-        _WIDTHS + [(2, 3, 16)],
+        # (64, 48) and (96, 1001): several row blocks in the one-pass kernel's column sums
+        _WIDTHS + [(2, 3, 16), (64, 48), (96, 1001)],
     ),
     # variants: (with a weight, x * rstd rounded to the input's dtype before the weight)
     "rms_norm": Row(_rms_norm, [(True, False), (False, False), (True, True)], _WIDTHS + [(2, 3, 16)],
