@@ -230,8 +230,9 @@ ROWS = {
         [(1, True, True, [True, True, True]), (1, False, False, [True, False, False]),
          (1, True, True, [False, True, True]), (1, True, False, [True, True, False]),
          (2, True, True, [True, True, True])],
-        # (64, 48) and (96, 1001): several row blocks in the one-pass kernel's column sums
-        _WIDTHS + [(2, 3, 16), (64, 48), (96, 1001)],
+        # The last four have several row blocks in the column sums; with the variants taken
+        # in turn, (96, 1001) and (72, 32) run the one-pass kernel (dx with dw and/or db).
+        _WIDTHS + [(2, 3, 16), (96, 1001), (64, 48), (80, 32), (72, 32)],
     ),
     # variants: (with a weight, x * rstd rounded to the input's dtype before the weight)
     "rms_norm": Row(_rms_norm, [(True, False), (False, False), (True, True)], _WIDTHS + [(2, 3, 16)],
