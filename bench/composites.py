@@ -44,6 +44,9 @@ def main(argv=None) -> int:
     for i, text in enumerate(commands, 1):
         print(f"[{i}/{len(commands)}] {text}", file=sys.stderr, flush=True)
         rows += driver.measure(driver.parse_command(text), torch.device("cpu"))
+    from boo_backend.benchmarking import host_line
+
+    print(host_line())
     print(driver.format_table(rows))
     print("\nratios (median time; higher is better for boo):")
     print(f"{'op':28} {'shape':10} {'dtype':5} {'vs decomposed':>14} {'vs eager':>9} {'% copy':>7}")
