@@ -93,8 +93,10 @@ class _Loaded:
 
 # How a CPU module picks its driver when BOO_CPU_DRIVER=auto: after its first call, it is
 # called _ROUNDS more times on each driver, alternating, and keeps the one with the lower
-# minimum. A first call slower than _MEASURE_LIMIT seconds skips that and keeps local-task:
-# such a graph does enough work to gain from two cores, and measuring would cost seconds.
+# minimum; a winner other than the target's default driver must win again over as many
+# more rounds (one stalled sample must not send a large graph to a single core). A first
+# call slower than _MEASURE_LIMIT seconds skips that and keeps local-task: such a graph does
+# enough work to gain from two cores, and measuring would cost seconds.
 _ROUNDS = 3
 _MEASURE_LIMIT = 0.1
 
@@ -197,11 +199,14 @@ class IreeFunction:
             for driver in self.target.drivers:
                 loaded = self._load(driver)
                 self._timed_invoke(loaded, passed, num_results)  # warm-up
-            for _ in range(_ROUNDS):
-                for driver in self.target.drivers:
-                    t = self._timed_invoke(self._loaded[driver], passed, num_results)
-                    times[driver] = min(times.get(driver, t), t)
-        best = min(times, key=times.get)
+            for _ in range(2):
+                for _ in range(_ROUNDS):
+                    for driver in self.target.drivers:
+                        t = self._timed_invoke(self._loaded[driver], passed, num_results)
+                        times[driver] = min(times.get(driver, t), t)
+                best = min(times, key=times.get)
+                if best == default:
+                    break
         self._decide(best, ", ".join(f"{d} {t * 1e6:.0f} us" for d, t in times.items()))
 
     def _timed_invoke(self, loaded: _Loaded, passed, num_results) -> float:
