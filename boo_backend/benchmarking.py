@@ -25,7 +25,8 @@ from typing import Callable
 import torch
 
 HOST_COLUMNS = ["cpu", "cpu_count", "torch_threads", "torch_version", "iree_compiler_version",
-                "iree_runtime_version", "torch_mlir_version"]
+                "iree_runtime_version", "torch_mlir_version",
+                "omp_wait_policy"]
 _DISTRIBUTIONS = {"iree_compiler_version": "iree-base-compiler", "iree_runtime_version": "iree-base-runtime",
                   "torch_mlir_version": "torch-mlir"}
 
@@ -66,7 +67,10 @@ def _static_info() -> dict:
 
 def host_info() -> dict:
     """The HOST_COLUMNS of this process (torch_threads as it is now)."""
-    info = _static_info() | {"torch_threads": torch.get_num_threads()}
+    # OpenMP's wait policy changes how torch's idle threads share the cores with IREE's
+    # workers (see README, "Known limits"); libgomp reads it once, at load.
+    info = _static_info() | {"torch_threads": torch.get_num_threads(),
+                             "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "unset")}
     return {key: info[key] for key in HOST_COLUMNS}
 
 
@@ -75,7 +79,8 @@ def host_line(info: dict | None = None) -> str:
     i = info or host_info()
     return (f"host: {i['cpu']}; {i['cpu_count']} CPUs, {i['torch_threads']} torch threads; "
             f"torch {i['torch_version']}; iree-base-compiler {i['iree_compiler_version']}; "
-            f"iree-base-runtime {i['iree_runtime_version']}; torch-mlir {i['torch_mlir_version']}")
+            f"iree-base-runtime {i['iree_runtime_version']}; torch-mlir {i['torch_mlir_version']}; "
+            f"OMP_WAIT_POLICY {i['omp_wait_policy']}")
 
 
 def interleaved(fns: dict[str, Callable[[], object]], steps: int, runs: int,

@@ -140,6 +140,8 @@ class IreeFunction:
         return self._loaded[driver]
 
     def _use(self, driver: str) -> None:
+        if driver == "local-task" and self.driver == driver:
+            _hint_wait_policy()
         loaded = self._load(driver)
         self.device = loaded.device
         self._context, self._function, self._dl_device = loaded.context, loaded.function, loaded.dl_device
@@ -251,6 +253,19 @@ class IreeFunction:
             for i in range(len(results))
         ]
         return _unalias(out, spans)
+
+@functools.cache
+def _hint_wait_policy() -> None:
+    """Once per process: torch's OpenMP threads spin for a while after each parallel region
+    unless OMP_WAIT_POLICY=PASSIVE, and on a small machine they take the cores IREE's
+    local-task workers need (the transformer-layer step of bench/steps.py ran 1.3-1.5x
+    faster with it, eager 0.9x; README, "Known limits")."""
+    import os
+
+    if torch.get_num_threads() > 1 and os.environ.get("OMP_WAIT_POLICY", "").lower() != "passive":
+        log.info("boo: torch's OpenMP threads spin-wait between parallel regions and compete with "
+                 "IREE's workers; OMP_WAIT_POLICY=PASSIVE (set before torch is imported) avoids that")
+
 
 def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Bitwise equality (NaNs with the same payload are equal)."""
