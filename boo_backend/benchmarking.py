@@ -16,40 +16,19 @@ from __future__ import annotations
 import functools
 import importlib.metadata
 import os
-import platform
 import statistics
-import subprocess
 import time
 from typing import Callable
 
 import torch
+
+from .cache import cpu_model
 
 HOST_COLUMNS = ["cpu", "cpu_count", "torch_threads", "torch_version", "iree_compiler_version",
                 "iree_runtime_version", "torch_mlir_version",
                 "omp_wait_policy"]
 _DISTRIBUTIONS = {"iree_compiler_version": "iree-base-compiler", "iree_runtime_version": "iree-base-runtime",
                   "torch_mlir_version": "torch-mlir"}
-
-
-def cpu_model() -> str:
-    """lscpu's "Model name", else /proc/cpuinfo's "model name", else platform.processor()."""
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10,
-                             env=dict(os.environ, LC_ALL="C")).stdout
-    except (OSError, subprocess.SubprocessError):
-        out = ""
-    sources = [(out, "Model name")]
-    try:
-        with open("/proc/cpuinfo") as f:
-            sources.append((f.read(), "model name"))
-    except OSError:
-        pass
-    for text, key in sources:
-        for line in text.splitlines():
-            name, _, value = line.partition(":")
-            if name.strip() == key and value.strip():
-                return value.strip()
-    return platform.processor() or "unknown"
 
 
 def _version(distribution: str) -> str:

@@ -55,8 +55,9 @@ def _source_digest() -> str:
 
 @functools.cache
 def cpu_model() -> str:
-    """The host CPU's model name, as lscpu prints it ("AMD EPYC ..."). Timings and the
-    decisions made from them (extern.py, the runtime driver) are only valid on it."""
+    """The host CPU's model name, as lscpu prints it ("AMD EPYC ..."; lscpu reads it from
+    /proc/cpuinfo too). Timings and the decisions made from them (extern.py, the runtime
+    driver) are only valid on it; the benchmarks record it."""
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:

@@ -141,11 +141,12 @@ class Timings:
         known = self.cache.get_json(key)
         if known is not None:
             return known
-        inputs = [a.meta["val"] for a in _tensor_args(node)]
+        nodes = _tensor_args(node)
+        inputs = [a.meta["val"] for a in nodes]
         device = inputs[0].device
         aten_args = [_random_like(v, contiguous=False) for v in inputs]
         iree_args = [_random_like(v, contiguous=True) for v in inputs]
-        table = dict(zip(_tensor_args(node), aten_args))
+        table = dict(zip(nodes, aten_args))
         args, kwargs = fx.node.map_arg((node.args, node.kwargs), table.__getitem__)
         aten_s = _min_time(lambda: node.target(*args, **kwargs), device)
         graph = _one_op_graph(node, iree_args)

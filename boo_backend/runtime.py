@@ -8,6 +8,7 @@ from __future__ import annotations
 import bisect
 import functools
 import logging
+import os
 import threading
 import time
 
@@ -160,18 +161,16 @@ class IreeFunction:
                 for i in shared:
                     passed[i] = _importable(passed[i], copy=True)
                 spans = _spans(passed)
-        if self.driver is None or not self._checked:
-            return self._first_calls(tensors, passed, spans, num_results)
+        if not self._checked:
+            return self._first_call(tensors, passed, spans, num_results)
         return self._invoke(tensors, passed, spans, num_results)
 
-    def _first_calls(self, tensors, passed, spans, num_results):
-        if not self._checked:
-            start = time.perf_counter()
-            results = self._checked_call(tensors, passed, spans, num_results)
-            if self.driver is None:
-                self._choose(time.perf_counter() - start, passed, num_results)
-            return results
-        return self._invoke(tensors, passed, spans, num_results)
+    def _first_call(self, tensors, passed, spans, num_results):
+        start = time.perf_counter()
+        results = self._checked_call(tensors, passed, spans, num_results)
+        if self.driver is None:
+            self._choose(time.perf_counter() - start, passed, num_results)
+        return results
 
     def _checked_call(self, tensors, passed, spans, num_results):
         zero_copy = [i for i, (t, p) in enumerate(zip(tensors, passed)) if t is p]
@@ -217,9 +216,7 @@ class IreeFunction:
         self._decide(best, ", ".join(f"{d} {t * 1e6:.0f} us" for d, t in times.items()))
 
     def _timed_invoke(self, loaded: _Loaded, passed, num_results) -> float:
-        args = rt.VmVariantList(len(passed))
-        for t in passed:
-            args.push_ref(loaded.device.from_dlpack_capsule(to_dlpack(t)).ref)
+        args = _arguments(loaded.device, passed)
         results = rt.VmVariantList(num_results)
         start = time.perf_counter()
         loaded.context.invoke(loaded.function, args, results)
@@ -233,10 +230,7 @@ class IreeFunction:
             self._remember(driver)
 
     def _invoke(self, tensors, passed, spans, num_results):
-        args = rt.VmVariantList(len(passed))
-        from_dlpack = self.device.from_dlpack_capsule
-        for t in passed:
-            args.push_ref(from_dlpack(to_dlpack(t)).ref)
+        args = _arguments(self.device, passed)
         results = rt.VmVariantList(num_results)
         try:
             with self._lock:
@@ -259,14 +253,23 @@ class IreeFunction:
         ]
         return _unalias(out, spans)
 
+
+def _arguments(device: rt.HalDevice, passed: list[torch.Tensor]) -> rt.VmVariantList:
+    """The call's argument list: each tensor imported zero-copy through DLPack. (IREE 3.13's
+    VmVariantList cannot be cleared, so one is built per call.)"""
+    args = rt.VmVariantList(len(passed))
+    from_dlpack = device.from_dlpack_capsule
+    for t in passed:
+        args.push_ref(from_dlpack(to_dlpack(t)).ref)
+    return args
+
+
 @functools.cache
 def _hint_wait_policy() -> None:
     """Once per process: torch's OpenMP threads spin for a while after each parallel region
     unless OMP_WAIT_POLICY=PASSIVE, and on a small machine they take the cores IREE's
     local-task workers need (the transformer-layer step of bench/steps.py ran 1.3-1.5x
     faster with it, eager 0.9x; README, "Known limits")."""
-    import os
-
     if torch.get_num_threads() > 1 and os.environ.get("OMP_WAIT_POLICY", "").lower() != "passive":
         log.info("boo: torch's OpenMP threads spin-wait between parallel regions and compete with "
                  "IREE's workers; OMP_WAIT_POLICY=PASSIVE (set before torch is imported) avoids that")

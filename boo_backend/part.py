@@ -1,0 +1,69 @@
+"""One IREE part of a graph: a lowered graph with its compiled module, mapping the graph's
+inputs to IREE's arguments and IREE's results back to the graph's outputs, in eager's layout.
+
+Imports lower and runtime from boo_backend.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .lower import Lowered
+from .runtime import IreeFunction
+
+
+def _contiguous_stride(shape) -> tuple[int, ...]:
+    stride, acc = [], 1
+    for size in reversed(shape):
+        stride.append(acc)
+        acc *= max(size, 1)
+    return tuple(reversed(stride))
+
+
+def _is_row_major(shape, stride) -> bool:
+    """Whether a tensor of this layout reads like IREE's dense result (size-1 dims' strides
+    and empty tensors do not matter)."""
+    if 0 in shape:
+        return True
+    return all(n == 1 or a == b for n, a, b in zip(shape, stride, _contiguous_stride(shape)))
+
+
+def _restrided(r: torch.Tensor, shape, stride) -> torch.Tensor:
+    """IREE's dense result `r` in the layout eager gives it. Stride-0 dims (an `expand`ed
+    result) keep one copy of the data and are expanded as a view, as in eager."""
+    kept = [n if st or n == 1 else 1 for n, st in zip(shape, stride)]
+    compact = r[tuple(slice(0, k) for k in kept)]
+    out = torch.empty_strided(kept, stride, dtype=r.dtype, device=r.device).copy_(compact)
+    return out if kept == list(shape) else out.as_strided(shape, stride)
+
+
+class IreePart(torch.nn.Module):
+    """A lowered graph with its compiled module: maps graph inputs to IREE and back.
+    A Module, so that it can stand in for a submodule of a graph split around islands."""
+
+    def __init__(self, lowered: Lowered, function: IreeFunction | None):
+        super().__init__()
+        self.lowered = lowered
+        self.function = function
+        # Results whose eager strides are not the dense row-major ones IREE produces.
+        self.restride = [
+            (j, shape, stride) for j, (shape, stride) in enumerate(lowered.result_layouts)
+            if not _is_row_major(shape, stride)
+        ]
+        self.retype = [
+            (j, getattr(torch, name)) for j, name in enumerate(lowered.result_dtypes)
+            if name.startswith("uint")
+        ]
+
+    def forward(self, *args):
+        low = self.lowered
+        results: list = []
+        if self.function is not None:
+            tensors = [args[v] if k == "arg" else v for k, v in low.inputs]
+            results = self.function(tensors, len(low.result_layouts))
+            for j, dtype in self.retype:
+                results[j] = results[j].view(dtype)
+            for j, shape, stride in self.restride:
+                results[j] = _restrided(results[j], shape, stride)
+        outs = [args[v] if k == "arg" else results[v] if k == "result" else v for k, v in low.outputs]
+        return tuple(outs) if low.tuple_output else outs[0]
