@@ -16,6 +16,7 @@ Every control has one environment variable and one options key of the same meani
 | BOO_CPU_DRIVER       | cpu_driver          | auto (measured), local-task or local-sync            |
 | BOO_PARTITIONER      | partitioner         | AOTAutograd's split: "mincut" (default) or "default" |
 | BOO_COMPILE_TIMEOUT  | compile_timeout     | seconds one iree-compile may take (0: no limit)      |
+| BOO_DYNAMIC          | dynamic             | "0": compile symbolic graphs per concrete shape      |
 """
 
 from __future__ import annotations
@@ -81,6 +82,9 @@ class Options:
     # Seconds one iree-compile call may run before it is killed and the graph runs in eager
     # PyTorch; 0 means no limit. Real graphs compile in seconds; a compiler loop never ends.
     compile_timeout: float = 180.0
+    # A graph Dynamo traced with symbolic sizes compiles once, with dynamic dimensions (True),
+    # or once per concrete shape (False).
+    dynamic: bool = True
 
     _ENV = {
         "strict": "BOO_STRICT",
@@ -93,6 +97,7 @@ class Options:
         "cpu_driver": "BOO_CPU_DRIVER",
         "partitioner": "BOO_PARTITIONER",
         "compile_timeout": "BOO_COMPILE_TIMEOUT",
+        "dynamic": "BOO_DYNAMIC",
     }
 
     @classmethod
@@ -112,6 +117,8 @@ class Options:
             kwargs["strict"] = _parse_bool("strict", raw["strict"])
         if "cache" in raw:
             kwargs["cache"] = _parse_bool("cache", raw["cache"])
+        if "dynamic" in raw:
+            kwargs["dynamic"] = _parse_bool("dynamic", raw["dynamic"])
         if raw.get("aten_matmul", "") != "":
             value = raw["aten_matmul"]
             text = str(value).strip().lower()

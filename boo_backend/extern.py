@@ -23,6 +23,7 @@ import torch
 import torch.fx as fx
 from torch.fx.experimental.proxy_tensor import make_fx
 
+from . import symbolic
 from .cache import CompileCache
 from .compile import Target, compile_mlir
 from .config import BooError, Options
@@ -197,7 +198,12 @@ def choose(graph: fx.GraphModule, mode: str, target: Target, cache: CompileCache
     timings = Timings(cache, target, opts)
     chosen: dict[fx.Node, float] = {}
     for node in candidates:
-        if flops(node) < MIN_FLOPS or not all(isinstance(a.meta.get("val"), torch.Tensor) for a in _tensor_args(node)):
+        vals = [a.meta.get("val") for a in _tensor_args(node)]
+        if not all(isinstance(v, torch.Tensor) for v in vals):
+            continue
+        if any(symbolic.tensor_is_symbolic(v) for v in vals):  # one module for all sizes: nothing to time
+            continue
+        if flops(node) < MIN_FLOPS:
             continue
         try:
             t = timings.of(node)

@@ -1,4 +1,5 @@
-"""One AOTAutograd graph, compiled per concrete input shape and run through IREE.
+"""One AOTAutograd graph, compiled and run through IREE: once, with dynamic dimensions, when
+Dynamo traced it with symbolic sizes, else once per concrete input shape.
 
 Imports partition, lower, part, diagnose, compile, runtime, cache and config from boo_backend.
 """
@@ -14,7 +15,7 @@ import warnings
 import torch
 import torch.fx as fx
 
-from . import extern, match
+from . import extern, match, symbolic
 from .cache import CompileCache, write_atomic
 from .compile import (
     BooCompileError, Target, compile_flags, compile_mlir, parse_target, target_for_device, unconverted_ops,
@@ -25,7 +26,7 @@ from .embed import mlir_op_name
 from .lower import Lowered, lower, unregistered_ops
 from .partition import (
     Plan, compute_nodes, decomposition_table, fold_empty, is_symbolic, node_places,
-    preparation_table, retrace, wrong_in_iree, split_islands,
+    preparation_table, retrace, retrace_symbolic, wrong_in_iree, split_islands,
 )
 from .part import IreePart
 from .runtime import IreeFunction
@@ -54,6 +55,8 @@ class Placement:
     # The runtime driver of each IREE module ("module", or "submod_N" of a split graph),
     # filled in when known: a CPU module measures its choice on its first calls.
     drivers: dict[str, str] = dataclasses.field(default_factory=dict)
+    # Compiled once with dynamic dimensions for every size Dynamo's guards admit.
+    dynamic: bool = False
 
     @property
     def composites(self) -> int:
@@ -73,6 +76,8 @@ class Placement:
             text += f" [{', '.join(self.island_ops)}]"
         if self.recovered:
             text += " (compile failed; whole graph ran in eager PyTorch)"
+        if self.dynamic:
+            text += "; dynamic shapes"
         if self.drivers:
             text += f"; runs on {', '.join(sorted(set(self.drivers.values())))}"
         return text
@@ -109,8 +114,23 @@ def _describe(graph: fx.GraphModule) -> str:
     return "\n".join(lines) + "\n"
 
 
+class _NotDynamic(Exception):
+    """The graph cannot run as one module for every size; it is compiled per shape instead."""
+
+
+def _signature(values) -> list[str]:
+    """Dtypes, sizes and strides of a call's arguments (or of a graph's symbolic inputs)."""
+    return [f"{v.dtype}{tuple(v.shape)}{v.stride()}" if isinstance(v, torch.Tensor) else repr(v) for v in values]
+
+
 class CompiledGraph:
-    """The callable handed back to AOTAutograd (boxed: it takes the argument list)."""
+    """The callable handed back to AOTAutograd (boxed: it takes the argument list).
+
+    A graph with symbolic sizes first tries to compile once for all of them (`dynamic`):
+    torch-mlir imports the sizes as `?` dims with their relations, and IREE compiles those.
+    The graph falls back to one module per concrete shape when that fails, or when making
+    it needed a guard on its sizes that Dynamo did not already check; a debug line says why.
+    """
 
     def __init__(self, gm: fx.GraphModule, kind: str, opts: Options, name: str):
         # An instance attribute, so that wrappers made with functools.wraps copy it.
@@ -120,6 +140,8 @@ class CompiledGraph:
         self.opts = opts
         self.name = name
         self.symbolic = is_symbolic(gm)
+        self.dynamic = self.symbolic and opts.dynamic
+        self._dynamic_runner = None
         self.cache = CompileCache(opts.cache_dir, opts.cache)
         self._runners: dict = {}
         # Runtime drivers of the runner being built, by part; see Placement.drivers.
@@ -129,6 +151,10 @@ class CompiledGraph:
         return tuple(tuple(a.shape) if isinstance(a, torch.Tensor) else a for a in args)
 
     def __call__(self, args):
+        if self.dynamic:
+            runner = self._dynamic_runner or self._build_dynamic(list(args))
+            if runner is not None:
+                return runner(*args)
         key = self._key(args) if self.symbolic else None
         runner = self._runners.get(key)
         if runner is None:
@@ -145,14 +171,39 @@ class CompiledGraph:
         device = next((a.device for a in args if isinstance(a, torch.Tensor)), torch.device("cpu"))
         return target_for_device(device)
 
-    def _build(self, args: list, index: int):
+    def _build_dynamic(self, args: list):
+        """The runner for every size, or None (and per-shape compiles from now on)."""
+        try:
+            runner = self._build(args, 0, dynamic=True)
+        except _NotDynamic as e:
+            log.debug("boo: %s graph %s does not compile with dynamic shapes (%s); compiling it "
+                      "once per input shape", self.kind, self.name, e)
+            self.dynamic = False
+            return None
+        runner = runner.forward if isinstance(runner, IreePart) else runner
+        self._dynamic_runner = runner
+        return runner
+
+    def _shape_env(self):
+        return symbolic.shape_env(n.meta.get("val") for n in self.gm.graph.nodes if n.op == "placeholder")
+
+    def _constraints(self) -> list[str]:
+        """The value ranges Dynamo gave the graph's symbols: part of a dynamic module's key."""
+        env = self._shape_env()
+        if env is None:
+            return []
+        return sorted(f"{s}:{r}" for s, r in env.var_to_range.items())
+
+    def _build(self, args: list, index: int, dynamic: bool = False):
         name = self.name if index == 0 else f"{self.name}_s{index}"
         self._drivers = {}
         ops = [n for n in compute_nodes(self.gm) if not n.target.__name__.startswith("sym_")]
+        # A dynamic module's key is the symbolic graph and its sizes' ranges, not a shape.
+        shapes = (["dynamic", *_signature(n.meta.get("val") for n in self.gm.graph.nodes if n.op == "placeholder"),
+                   *self._constraints()] if dynamic else _signature(args))
         plan_key = self.cache.key(
             "plan", str(self.gm.graph), *compile_flags(self._target(args)), self.opts.force_decompose,
-            self.opts.aten_matmul,
-            *(f"{a.dtype}{tuple(a.shape)}{a.stride()}" if isinstance(a, torch.Tensor) else repr(a) for a in args),
+            self.opts.aten_matmul, *shapes,
         )
         lowered_key = self.cache.key("lowered", plan_key)
         if self.opts.dump_dir is None:
@@ -162,11 +213,18 @@ class CompiledGraph:
         cached = self.cache.get_json(plan_key)
         plan = Plan.from_json(cached) if cached else Plan()
         dump = self._dump_dir(name)
+        env = self._shape_env() if dynamic else None
+        guards = len(env.guards) if env is not None else 0
         try:
-            runner, used, aten, island = self._assemble_until_placed(args, plan, dump)
-        except BooStrictError:
+            runner, used, aten, island = self._assemble_until_placed(args, plan, dump, dynamic)
+            if env is not None and len(env.guards) > guards:
+                added = ", ".join(str(g.expr) for g in env.guards[guards:])
+                raise _NotDynamic(f"it would need guards Dynamo does not check: {added}")
+        except (BooStrictError, _NotDynamic):
             raise
         except Exception as e:  # anything the compiler stack throws that we cannot attribute
+            if dynamic:
+                raise _NotDynamic(first_error(e)) from e
             what = f"{self.kind} graph {name} failed to compile: {first_error(e)}"
             if self.opts.strict:
                 raise BooStrictError(
@@ -189,6 +247,7 @@ class CompiledGraph:
             name, self.kind, len(ops), len(ops) - island - decomposed - aten, decomposed, island,
             aten, island_ops=tuple(sorted(plan.island)),
             composite_names=tuple(sorted(collections.Counter(used).items())), drivers=self._drivers,
+            dynamic=dynamic,
         )
         self._record(placement)
         if isinstance(runner, IreePart):  # one module, no islands: skip all of this next time
@@ -228,16 +287,17 @@ class CompiledGraph:
         path.mkdir(parents=True, exist_ok=True)
         return path
 
-    def _assemble_until_placed(self, args: list, plan: Plan, dump):
+    def _assemble_until_placed(self, args: list, plan: Plan, dump, dynamic: bool = False):
         """Compile; each time the compiler names ops it cannot lower, move them one step
-        down the fallback order (FX decomposition, then eager island) and try again."""
+        down the fallback order (FX decomposition, then eager island) and try again. With
+        dynamic shapes an op is not islanded: the graph is compiled per shape instead."""
         complex_ = sorted({str(v.dtype) for n in self.gm.graph.nodes
                            if isinstance(v := n.meta.get("val"), torch.Tensor) and v.is_complex()})
         if complex_:
             raise BooError(f"{', '.join(complex_)} tensors are not supported by boo's IREE path")
         while True:
             try:
-                return self._assemble(args, plan, dump)
+                return self._assemble(args, plan, dump, dynamic)
             except Unlowerable as e:
                 changed = False
                 for op in sorted(e.names):
@@ -245,6 +305,8 @@ class CompiledGraph:
                         plan.decompose.add(op)
                         log.debug("boo: torch-mlir cannot lower %s; trying its decomposition", op)
                         changed = True
+                    elif dynamic:
+                        raise _NotDynamic(f"the compiler rejects {op} with symbolic sizes") from e
                     elif op not in plan.island:
                         plan.island.add(op)
                         changed = True
@@ -268,14 +330,18 @@ class CompiledGraph:
                 stacklevel=4,
             )
 
-    def _prepare(self, args: list, plan: Plan) -> fx.GraphModule:
-        """One retrace of the graph on `args`: concrete sizes, pre-lowering rewrites, the
-        composites' canonical forms and the plan's FX-level decompositions."""
+    def _prepare(self, args: list, plan: Plan, dynamic: bool) -> fx.GraphModule:
+        """One retrace of the graph: on `args` (concrete sizes) or on its own symbolic inputs
+        when `dynamic`, with the pre-lowering rewrites, the composites' canonical forms and
+        the plan's FX-level decompositions."""
         decompositions, missing = decomposition_table(plan.decompose - plan.island)
         plan.island |= missing
         table = preparation_table(self.gm, decompositions, match.canonical_table(self.opts))
-        if not self.symbolic and not any(n.target in table for n in compute_nodes(self.gm)):
+        if (dynamic or not self.symbolic) and not any(n.target in table for n in compute_nodes(self.gm)):
             graph = self.gm
+        elif dynamic:
+            graph = retrace_symbolic(self.gm, table)
+            _check_same_outputs(self.gm, graph, decompositions, True)
         else:
             graph = retrace(self.gm, args, table)
             _check_same_outputs(self.gm, graph, decompositions, self.symbolic)
@@ -283,8 +349,8 @@ class CompiledGraph:
         plan.island |= {mlir_op_name(n.target) for n in graph.graph.nodes if wrong_in_iree(n)}
         return graph
 
-    def _assemble(self, args: list, plan: Plan, dump):
-        graph = self._prepare(args, plan)
+    def _assemble(self, args: list, plan: Plan, dump, dynamic: bool):
+        graph = self._prepare(args, plan, dynamic)
         target = self._target(args)
         composites = match.apply(graph, self.opts, target.kind)
         if dump:

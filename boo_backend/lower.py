@@ -14,10 +14,14 @@ import dataclasses
 import io
 import re
 
+import sympy
 import torch
 import torch.fx as fx
-from torch_mlir import fx as tm_fx
+from torch_mlir import ir as tm_ir
+from torch_mlir.dialects import torch as torch_d
+from torch_mlir.extras.fx_importer import FxImporter, RangeConstraint
 
+from . import symbolic
 from .config import BooError
 from .embed import embed
 
@@ -30,9 +34,12 @@ class Lowered:
     core: fx.GraphModule | None  # None when loaded from the cache
     # Per IREE argument: ("arg", index into the graph's inputs) or ("const", tensor).
     inputs: list[tuple]
-    # Per graph output: ("arg", i), ("result", j) or ("value", python_value).
+    # Per graph output: ("arg", i), ("result", j), ("value", python_value) or ("size", text):
+    # a SymInt the graph returns, as a symbolic.text expression of its inputs' sizes.
     outputs: list[tuple]
-    # Per IREE result: the (shape, stride) the graph says it has, or None if unknown.
+    # Per IREE result: the (shape, stride) the graph says it has; in a graph with dynamic
+    # shapes, a symbolic size is a symbolic.text expression (a str), and a stride that is
+    # dense row-major for every size is None.
     result_layouts: list
     # The output node's args were a tuple (True) or a single value (False).
     tuple_output: bool
@@ -43,9 +50,12 @@ class Lowered:
     # Per IREE result: its torch dtype's name (IREE's integers are signless, so an unsigned
     # result comes back as its signed twin and is reinterpreted).
     result_dtypes: list[str] = dataclasses.field(default_factory=list)
+    # Where each symbol of the sizes above is read in the graph's inputs (symbolic.sources);
+    # empty when no output size is symbolic.
+    symbols: dict = dataclasses.field(default_factory=dict)
 
     _FIELDS = ("mlir", "inputs", "outputs", "result_layouts", "tuple_output", "kernels", "writes",
-               "result_dtypes")
+               "result_dtypes", "symbols")
 
     def to_bytes(self, extra: dict) -> bytes:
         """Everything but the FX graph, for the compile cache (torch.save, loadable with
@@ -57,12 +67,32 @@ class Lowered:
     @classmethod
     def from_bytes(cls, blob: bytes) -> tuple["Lowered", dict]:
         data = torch.load(io.BytesIO(blob), weights_only=True)
-        fields = {f: data[f] for f in cls._FIELDS}
+        fields = {f: data[f] for f in cls._FIELDS if f in data}
         return cls(core=None, **fields), data["extra"]
 
 
 def _is_tensor_value(node: fx.Node) -> bool:
     return isinstance(node.meta.get("val"), torch.Tensor)
+
+
+def _size(value) -> int | str:
+    """An int, or the symbolic.text of a symbolic size."""
+    return int(symbolic.expr(value)) if symbolic.is_static(value) else symbolic.text(value)
+
+
+def _layout(val: torch.Tensor) -> tuple:
+    """(shape, stride) of a result; for symbolic sizes the stride is None when it is the
+    dense row-major one whatever the sizes are (IREE's layout: nothing to do per call)."""
+    shape = tuple(map(_size, val.shape))
+    if not any(isinstance(x, str) for x in (*shape, *map(_size, val.stride()))):
+        return shape, tuple(map(_size, val.stride()))
+    dense, acc = True, sympy.Integer(1)
+    for size, stride in reversed(list(zip(val.shape, val.stride()))):
+        size = symbolic.expr(size)
+        if size != 1 and sympy.expand(symbolic.expr(stride) - acc) != 0:
+            dense = False
+        acc = acc * size
+    return shape, None if dense else tuple(map(_size, val.stride()))
 
 
 def build_core(gm: fx.GraphModule) -> tuple[fx.GraphModule, list, list, list, bool]:
@@ -75,7 +105,7 @@ def build_core(gm: fx.GraphModule) -> tuple[fx.GraphModule, list, list, list, bo
     for node in gm.graph.nodes:
         if node.op == "placeholder":
             computes = any(u.op != "output" for u in node.users)
-            if computes and not _is_tensor_value(node):
+            if computes and not _is_tensor_value(node) and not isinstance(node.meta.get("val"), torch.SymInt):
                 raise BooError(
                     f"boo: graph input {node.name} is not a tensor ({node.meta.get('val')!r}) "
                     "but a computation reads it; specialize the graph first"
@@ -110,6 +140,9 @@ def build_core(gm: fx.GraphModule) -> tuple[fx.GraphModule, list, list, list, bo
             outputs.append(("arg", placeholders.index(value)))
         elif isinstance(value, fx.Node) and value.meta.get("val", 0) is None:
             outputs.append(("value", None))  # e.g. a getitem of a gradient output_mask left out
+        elif isinstance(value, fx.Node) and isinstance(value.meta.get("val"), torch.SymInt):
+            size = _size(value.meta["val"])
+            outputs.append(("value", size) if isinstance(size, int) else ("size", size))
         elif isinstance(value, fx.Node):
             if not _is_tensor_value(value):
                 raise BooError(f"boo: graph output {value.name} is not a tensor; cannot return it from IREE")
@@ -117,7 +150,7 @@ def build_core(gm: fx.GraphModule) -> tuple[fx.GraphModule, list, list, list, bo
             if mapped not in results:
                 results.append(mapped)
                 val = value.meta["val"]
-                result_layouts.append((tuple(val.shape), tuple(val.stride())))
+                result_layouts.append(_layout(val))
             outputs.append(("result", results.index(mapped)))
         else:
             outputs.append(("value", value))
@@ -126,6 +159,20 @@ def build_core(gm: fx.GraphModule) -> tuple[fx.GraphModule, list, list, list, bo
     core.graph.eliminate_dead_code()
     core.recompile()
     return core, inputs, outputs, result_layouts, tuple_output
+
+
+def _symbols(gm: fx.GraphModule, outputs: list, layouts: list) -> dict:
+    """symbolic.sources of `gm`'s inputs, when its outputs' sizes are symbolic; a BooError
+    when a symbol they need cannot be read from the inputs."""
+    texts = [v for k, v in outputs if k == "size"]
+    texts += [x for shape, stride in layouts if stride for x in (*shape, *stride) if isinstance(x, str)]
+    if not texts:
+        return {}
+    where = symbolic.sources([n.meta.get("val") for n in gm.graph.nodes if n.op == "placeholder"])
+    missing = set().union(*(symbolic.free_names(t) for t in texts)) - set(where)
+    if missing:
+        raise BooError(f"boo: sizes {sorted(missing)} cannot be read from the graph's inputs")
+    return where
 
 
 aten = torch.ops.aten
@@ -177,17 +224,51 @@ def unregistered_ops(mlir: str) -> list[str]:
     return sorted(set(_OPERATOR.findall(mlir)))
 
 
+def _symbol_ranges(core: fx.GraphModule) -> dict[str, RangeConstraint]:
+    """The range of every symbol in `core`'s sizes, as the importer takes them."""
+    used: set = set()
+    for node in core.graph.nodes:
+        val = node.meta.get("val")
+        if isinstance(val, torch.Tensor):
+            used.update(*(symbolic.expr(x).free_symbols for x in val.shape if isinstance(x, torch.SymInt)))
+        elif isinstance(val, torch.SymInt):
+            used.update(symbolic.expr(val).free_symbols)
+    if not used:
+        return {}
+    env = symbolic.shape_env(n.meta.get("val") for n in core.graph.nodes)
+    top = torch.iinfo(torch.int64).max
+    ranges = {}
+    for sym in sorted(used, key=lambda s: s.name):
+        r = env.var_to_range.get(sym) if env is not None else None
+        lo = int(r.lower) if r is not None and isinstance(r.lower, sympy.Integer) else 0
+        hi = int(r.upper) if r is not None and isinstance(r.upper, sympy.Integer) else top
+        ranges[sym.name] = RangeConstraint(lo, hi)
+    return ranges
+
+
 def import_core(core: fx.GraphModule) -> tuple[str, list[str]]:
     """torch dialect text for `core`, with one public function `main` and the composite
     kernels it calls; also the kernels' function names."""
-    module = tm_fx.stateless_fx_import(core, output_type="raw", model_name="main")
+    context = tm_ir.Context()
+    torch_d.register_dialect(context)
+    importer = FxImporter(context=context)
+    # Symbolic sizes become `?` dims; `torch.symbolic_int` declares each symbol with its range
+    # and `torch.bind_symbolic_shape` says how each tensor's sizes relate to them (s27*s77
+    # rows), which IREE turns into assumptions. The importer reads the ranges from an
+    # ExportedProgram only; a Dynamo graph's come from its ShapeEnv.
+    ranges = _symbol_ranges(core)
+    importer._cc._symbolic_guards = ranges
+    importer.import_stateless_graph(core.graph, func_name="main", import_symbolic_shape_expressions=bool(ranges))
+    module = importer.module
     kernels = embed(module, core.graph)
     return str(module), kernels
 
 
 def lower(gm: fx.GraphModule) -> Lowered:
     core, inputs, outputs, layouts, tuple_output = build_core(gm)
+    symbols = _symbols(gm, outputs, layouts)
     text, kernels = import_core(core)
     out = next(n for n in core.graph.nodes if n.op == "output").args[0]
     dtypes = [str(r.meta["val"].dtype).removeprefix("torch.") for r in out]
-    return Lowered(text, core, inputs, outputs, layouts, tuple_output, kernels, written_inputs(core), dtypes)
+    return Lowered(text, core, inputs, outputs, layouts, tuple_output, kernels, written_inputs(core), dtypes,
+                   symbols)

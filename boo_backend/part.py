@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import torch
 
+from . import symbolic
 from .lower import Lowered
 from .runtime import IreeFunction
 
@@ -46,24 +47,50 @@ class IreePart(torch.nn.Module):
         self.lowered = lowered
         self.function = function
         # Results whose eager strides are not the dense row-major ones IREE produces.
-        self.restride = [
+        static = [(j, shape, stride) for j, (shape, stride) in enumerate(lowered.result_layouts)
+                  if stride is not None and not any(isinstance(x, str) for x in (*shape, *stride))]
+        self.restride = [(j, shape, stride) for j, shape, stride in static if not _is_row_major(shape, stride)]
+        # With dynamic shapes: the layouts and returned sizes that depend on the call's sizes,
+        # evaluated once per distinct set of sizes.
+        self._symbolic_layouts = [
             (j, shape, stride) for j, (shape, stride) in enumerate(lowered.result_layouts)
-            if not _is_row_major(shape, stride)
+            if stride is not None and (j, shape, stride) not in static
         ]
+        self._sizes = symbolic.Sizes(lowered.symbols) if lowered.symbols else None
+        self._per_sizes: dict[tuple, tuple[list, dict]] = {}
         self.retype = [
             (j, getattr(torch, name)) for j, name in enumerate(lowered.result_dtypes)
             if name.startswith("uint")
         ]
 
+    def _concrete(self, args) -> tuple[list, dict]:
+        """For this call's sizes: the results to restride, and the values of returned sizes."""
+        key = self._sizes.key(args)
+        found = self._per_sizes.get(key)
+        if found is None:
+            texts = [v for k, v in self.lowered.outputs if k == "size"]
+            for _, shape, stride in self._symbolic_layouts:
+                texts += [x for x in (*shape, *stride) if isinstance(x, str)]
+            values = dict(zip(texts, self._sizes.evaluate(texts, key)))
+            layouts = [(j, [values.get(x, x) for x in shape], [values.get(x, x) for x in stride])
+                       for j, shape, stride in self._symbolic_layouts]
+            restride = [(j, shape, stride) for j, shape, stride in layouts if not _is_row_major(shape, stride)]
+            found = self._per_sizes[key] = (restride, values)
+        return found
+
     def forward(self, *args):
         low = self.lowered
         results: list = []
+        restride, sizes = self._concrete(args) if self._sizes else ((), {})
         if self.function is not None:
             tensors = [args[v] if k == "arg" else v for k, v in low.inputs]
             results = self.function(tensors, len(low.result_layouts))
             for j, dtype in self.retype:
                 results[j] = results[j].view(dtype)
-            for j, shape, stride in self.restride:
+            for j, shape, stride in (*self.restride, *restride):
                 results[j] = _restrided(results[j], shape, stride)
-        outs = [args[v] if k == "arg" else results[v] if k == "result" else v for k, v in low.outputs]
+        outs = [
+            args[v] if k == "arg" else results[v] if k == "result" else sizes[v] if k == "size" else v
+            for k, v in low.outputs
+        ]
         return tuple(outs) if low.tuple_output else outs[0]

@@ -19,7 +19,9 @@ import operator
 import torch
 import torch.fx as fx
 from torch._decomp import get_decompositions
+from torch._guards import detect_fake_mode
 from torch.fx.experimental.proxy_tensor import disable_proxy_modes_tracing, make_fx
+from torch.fx.experimental.symbolic_shapes import statically_known_true
 from torch.fx.passes.split_module import split_module
 
 from . import composites
@@ -66,6 +68,15 @@ def is_symbolic(gm: fx.GraphModule) -> bool:
     return False
 
 
+def retrace_symbolic(gm: fx.GraphModule, decompositions: dict | None = None) -> fx.GraphModule:
+    """Trace `gm` again on its own symbolic inputs (Dynamo's dynamic shapes): sizes stay
+    symbolic, and ops in `decompositions` are replaced by their decompositions."""
+    values = [n.meta["val"] for n in gm.graph.nodes if n.op == "placeholder"]
+    fake_mode = detect_fake_mode(values)
+    with fake_mode:
+        return make_fx(gm, decomposition_table=decompositions or {}, tracing_mode="real")(*values)
+
+
 def retrace(gm: fx.GraphModule, args: list, decompositions: dict | None = None) -> fx.GraphModule:
     """Trace `gm` again on fake copies of concrete `args`: sizes become constants, every node
     gets fresh metadata, and ops in `decompositions` are replaced by their decompositions."""
@@ -78,20 +89,25 @@ def retrace(gm: fx.GraphModule, args: list, decompositions: dict | None = None) 
     return traced
 
 
+def _is_empty(val) -> bool:
+    """An empty tensor result; a symbolic size counts only when it is 0 for every size."""
+    return isinstance(val, torch.Tensor) and statically_known_true(val.numel() == 0)
+
+
 def fold_empty(gm: fx.GraphModule) -> fx.GraphModule:
     """`gm`, or a copy of it in which every op whose result is an empty tensor is replaced
     by `aten.full` of that shape: an empty result has no values to compute, and IREE 3.13's
     compiler fails on many ops over empty tensors (stack of [0, 1, 0], for one)."""
     empty = [
         n for n in compute_nodes(gm)
-        if isinstance(v := n.meta.get("val"), torch.Tensor) and v.numel() == 0 and n.target is not aten.full.default
+        if _is_empty(n.meta.get("val")) and n.target is not aten.full.default
     ]
     if not empty:
         return gm
     gm = fx.GraphModule(gm, copy.deepcopy(gm.graph))
     for node in compute_nodes(gm):
         val = node.meta.get("val")
-        if not (isinstance(val, torch.Tensor) and val.numel() == 0) or node.target is aten.full.default:
+        if not _is_empty(val) or node.target is aten.full.default:
             continue
         with gm.graph.inserting_before(node):
             full = gm.graph.call_function(

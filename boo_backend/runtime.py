@@ -45,10 +45,13 @@ class BooRuntimeError(BooError):
     """IREE failed while running a compiled graph."""
 
 
-def _importable(t: torch.Tensor, copy: bool = False) -> torch.Tensor:
+def _importable(t: torch.Tensor | int, copy: bool = False) -> torch.Tensor | int:
     """`t` itself when IREE can import its memory, else a dense, aligned copy (always a copy
     when `copy`: the module writes into that argument). An empty tensor is always made
-    afresh: torch calls one with any strides contiguous, which IREE's import rejects."""
+    afresh: torch calls one with any strides contiguous, which IREE's import rejects. A size
+    (an int: a graph with dynamic shapes takes some) passes as it is."""
+    if not isinstance(t, torch.Tensor):
+        return t
     if not copy and t.numel() and t.is_contiguous() and t.data_ptr() % _ALIGN == 0:
         return t
     out = torch.empty(t.shape, dtype=t.dtype, device=t.device)
@@ -60,7 +63,7 @@ def _spans(tensors: list[torch.Tensor]) -> list[tuple[int, int, int]]:
     """(start, end, index) of each non-empty tensor's memory, in address order."""
     spans = []
     for i, t in enumerate(tensors):
-        n = t.numel()
+        n = t.numel() if isinstance(t, torch.Tensor) else 0
         if n:
             p = t.data_ptr()
             spans.append((p, p + n * t.element_size(), i))
@@ -173,7 +176,7 @@ class IreeFunction:
         return results
 
     def _checked_call(self, tensors, passed, spans, num_results):
-        zero_copy = [i for i, (t, p) in enumerate(zip(tensors, passed)) if t is p]
+        zero_copy = [i for i, (t, p) in enumerate(zip(tensors, passed)) if t is p and isinstance(t, torch.Tensor)]
         size = sum(tensors[i].numel() * tensors[i].element_size() for i in zero_copy)
         if size > _SNAPSHOT_LIMIT:  # a large model's weights: rely on `writes` alone
             log.debug("boo: %s passes %d MB zero-copy; skipping the first-call write check",
@@ -236,15 +239,14 @@ class IreeFunction:
             with self._lock:
                 self._context.invoke(self._function, args, results)
         except Exception as e:  # IREE reports its runtime errors as IndexError/RuntimeError
-            shapes = ", ".join(f"{tuple(t.shape)} {t.dtype}" for t in tensors)
+            shapes = ", ".join(f"{tuple(t.shape)} {t.dtype}" if isinstance(t, torch.Tensor) else repr(t)
+                               for t in tensors)
             raise BooRuntimeError(
                 f"boo: IREE failed while running graph {self.graph} on ({shapes}): "
                 f"{str(e).strip().splitlines()[0]}. Unset BOO_STRICT and set BOO_CACHE=0 to retry, "
                 "or file the module that BOO_DUMP_DIR writes"
             ) from e
-        device_id = 0
-        if tensors and tensors[0].device.index is not None:
-            device_id = tensors[0].device.index
+        device_id = next((t.device.index for t in tensors if isinstance(t, torch.Tensor)), None) or 0
         export = self.device.create_dlpack_capsule
         dl_device = self._dl_device
         out = [
@@ -255,12 +257,15 @@ class IreeFunction:
 
 
 def _arguments(device: rt.HalDevice, passed: list[torch.Tensor]) -> rt.VmVariantList:
-    """The call's argument list: each tensor imported zero-copy through DLPack. (IREE 3.13's
-    VmVariantList cannot be cleared, so one is built per call.)"""
+    """The call's argument list: each tensor imported zero-copy through DLPack, each size as
+    an i64. (IREE 3.13's VmVariantList cannot be cleared, so one is built per call.)"""
     args = rt.VmVariantList(len(passed))
     from_dlpack = device.from_dlpack_capsule
     for t in passed:
-        args.push_ref(from_dlpack(to_dlpack(t)).ref)
+        if isinstance(t, torch.Tensor):
+            args.push_ref(from_dlpack(to_dlpack(t)).ref)
+        else:
+            args.push_int(int(t))
     return args
 
 

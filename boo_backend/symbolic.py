@@ -1,0 +1,103 @@
+"""Symbolic sizes (Dynamo's dynamic shapes) as text that a compiled graph evaluates per call.
+
+A leaf: imports nothing from boo_backend.
+
+A graph traced with dynamic shapes names its sizes by sympy symbols (s0, s27*s77). A module
+compiled once for all sizes still has to answer, per call, what those symbols are: the
+SymInts the graph returns (AOTAutograd saves some for the backward) and the strides eager
+gives its results. `sources` finds each symbol in the graph's inputs, as a bare SymInt input
+or a bare dimension of a tensor input; `Sizes` evaluates expressions of them on a call's
+arguments. Expressions travel as sympy's `srepr` text, so a lowering can live in the compile
+cache.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import sympy
+import torch
+import torch.utils._sympy.functions as _torch_sympy
+
+
+def expr(value):
+    """The sympy expression of a SymInt, or the int itself."""
+    if isinstance(value, torch.SymInt):
+        return value.node.expr
+    return int(value)
+
+
+def is_static(value) -> bool:
+    """Whether an int or SymInt is a known constant (a SymInt may be one)."""
+    return not isinstance(value, torch.SymInt) or expr(value).is_number
+
+
+def text(value) -> str:
+    return sympy.srepr(sympy.sympify(expr(value)))
+
+
+def shape_env(values):
+    """The ShapeEnv behind the first symbolic size among `values` (tensors, SymInts), or None."""
+    for v in values:
+        for x in (v.shape if isinstance(v, torch.Tensor) else [v]):
+            if isinstance(x, torch.SymInt):
+                return x.node.shape_env
+    return None
+
+
+def tensor_is_symbolic(t) -> bool:
+    return isinstance(t, torch.Tensor) and not all(is_static(s) for s in (*t.shape, *t.stride()))
+
+
+@functools.cache
+def _namespace() -> dict:
+    names = {n: getattr(sympy, n) for n in ("Symbol", "Integer", "Rational", "Add", "Mul", "Pow",
+                                             "Max", "Min", "Mod", "floor", "ceiling", "true", "false")}
+    names.update({n: getattr(_torch_sympy, n) for n in dir(_torch_sympy)
+                  if isinstance(getattr(_torch_sympy, n), type) and issubclass(getattr(_torch_sympy, n), sympy.Basic)})
+    names["__builtins__"] = {}
+    return names
+
+
+@functools.lru_cache(maxsize=4096)
+def parse(source: str) -> sympy.Expr:
+    return eval(source, _namespace())  # srepr text written by `text`
+
+
+def sources(values: list) -> dict[str, tuple[int, int | None]]:
+    """Where each symbol of a graph's inputs `values` (placeholder meta values) can be read on
+    a call: name -> (input index, None) for a SymInt input, (input index, dim) for a tensor
+    dimension. Symbols that appear only inside larger expressions are left out."""
+    found: dict[str, tuple[int, int | None]] = {}
+    for i, v in enumerate(values):
+        if isinstance(v, torch.SymInt) and isinstance(expr(v), sympy.Symbol):
+            found.setdefault(expr(v).name, (i, None))
+        elif isinstance(v, torch.Tensor):
+            for d, size in enumerate(v.shape):
+                if isinstance(size, torch.SymInt) and isinstance(expr(size), sympy.Symbol):
+                    found.setdefault(expr(size).name, (i, d))
+    return found
+
+
+def free_names(source: str) -> set[str]:
+    return {s.name for s in parse(source).free_symbols}
+
+
+class Sizes:
+    """Evaluates symbolic-size expressions (srepr text) on a call's arguments."""
+
+    def __init__(self, where: dict[str, tuple[int, int | None]]):
+        self.where = sorted(where.items())
+
+    def key(self, args) -> tuple[int, ...]:
+        """The symbols' values in this call, in a fixed order: what the expressions depend on."""
+        return tuple(int(args[i]) if d is None else args[i].shape[d] for _, (i, d) in self.where)
+
+    def evaluate(self, sources_: list[str], key: tuple[int, ...]) -> list[int]:
+        binding = {name: value for (name, _), value in zip(self.where, key)}
+        out = []
+        for source in sources_:
+            e = parse(source)
+            e = e.xreplace({s: binding[s.name] for s in e.free_symbols})
+            out.append(int(e))
+        return out
