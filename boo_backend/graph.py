@@ -7,6 +7,7 @@ Imports partition, lower, part, diagnose, compile, runtime, cache and config fro
 from __future__ import annotations
 
 import collections
+import copy
 import dataclasses
 import logging
 import operator
@@ -26,7 +27,7 @@ from .embed import mlir_op_name
 from .lower import Lowered, lower, unregistered_ops
 from .partition import (
     Plan, compute_nodes, decomposition_table, fold_empty, is_symbolic, node_places,
-    preparation_table, retrace, retrace_symbolic, wrong_in_iree, split_islands,
+    fold_known_sizes, preparation_table, retrace, retrace_symbolic, wrong_in_iree, split_islands,
 )
 from .part import IreePart
 from .runtime import IreeFunction
@@ -112,6 +113,10 @@ def _describe(graph: fx.GraphModule) -> str:
         if call:
             lines.append(f"#   {node.name}: {call.entry.name} v{call.entry.version} {call.params}")
     return "\n".join(lines) + "\n"
+
+
+def _copy(gm: fx.GraphModule) -> fx.GraphModule:
+    return fx.GraphModule(gm, copy.deepcopy(gm.graph))
 
 
 class _NotDynamic(Exception):
@@ -342,6 +347,8 @@ class CompiledGraph:
         elif dynamic:
             graph = retrace_symbolic(self.gm, table)
             _check_same_outputs(self.gm, graph, decompositions, True)
+        if dynamic:
+            graph = fold_known_sizes(graph if graph is not self.gm else _copy(graph), self._shape_env())
         else:
             graph = retrace(self.gm, args, table)
             _check_same_outputs(self.gm, graph, decompositions, self.symbolic)

@@ -86,12 +86,7 @@ def _layout(val: torch.Tensor) -> tuple:
     shape = tuple(map(_size, val.shape))
     if not any(isinstance(x, str) for x in (*shape, *map(_size, val.stride()))):
         return shape, tuple(map(_size, val.stride()))
-    dense, acc = True, sympy.Integer(1)
-    for size, stride in reversed(list(zip(val.shape, val.stride()))):
-        size = symbolic.expr(size)
-        if size != 1 and sympy.expand(symbolic.expr(stride) - acc) != 0:
-            dense = False
-        acc = acc * size
+    dense = symbolic.is_row_major(val.shape, val.stride())
     return shape, None if dense else tuple(map(_size, val.stride()))
 
 
@@ -236,12 +231,12 @@ def _symbol_ranges(core: fx.GraphModule) -> dict[str, RangeConstraint]:
     if not used:
         return {}
     env = symbolic.shape_env(n.meta.get("val") for n in core.graph.nodes)
-    top = torch.iinfo(torch.int64).max
+    i64 = torch.iinfo(torch.int64)
     ranges = {}
     for sym in sorted(used, key=lambda s: s.name):
         r = env.var_to_range.get(sym) if env is not None else None
-        lo = int(r.lower) if r is not None and isinstance(r.lower, sympy.Integer) else 0
-        hi = int(r.upper) if r is not None and isinstance(r.upper, sympy.Integer) else top
+        lo = int(r.lower) if r is not None and isinstance(r.lower, sympy.Integer) else i64.min
+        hi = int(r.upper) if r is not None and isinstance(r.upper, sympy.Integer) else i64.max
         ranges[sym.name] = RangeConstraint(lo, hi)
     return ranges
 

@@ -77,6 +77,29 @@ def retrace_symbolic(gm: fx.GraphModule, decompositions: dict | None = None) -> 
         return make_fx(gm, decomposition_table=decompositions or {}, tracing_mode="real")(*values)
 
 
+def fold_known_sizes(gm: fx.GraphModule, shape_env) -> fx.GraphModule:
+    """`gm` with every SymInt that Dynamo's ranges pin to one value (a symbol whose range is
+    [0, 0], say) replaced by that int in the nodes that read it: sizes that are static in
+    fact stay static in the module."""
+    changed = False
+    for node in list(gm.graph.nodes):
+        val = node.meta.get("val")
+        if not isinstance(val, torch.SymInt) or not node.users:
+            continue
+        bounds = shape_env.bound_sympy(val.node.expr)
+        if bounds.lower != bounds.upper or not bounds.lower.is_number:
+            continue
+        value = int(bounds.lower)
+        for user in list(node.users):
+            if user.op != "output":
+                user.replace_input_with(node, value)
+                changed = True
+    if changed:
+        gm.graph.eliminate_dead_code()
+        gm.recompile()
+    return gm
+
+
 def retrace(gm: fx.GraphModule, args: list, decompositions: dict | None = None) -> fx.GraphModule:
     """Trace `gm` again on fake copies of concrete `args`: sizes become constants, every node
     gets fresh metadata, and ops in `decompositions` are replaced by their decompositions."""

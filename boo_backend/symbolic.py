@@ -45,6 +45,18 @@ def shape_env(values):
     return None
 
 
+def is_row_major(shape, stride) -> bool:
+    """Whether sizes and strides (ints or SymInts) are dense row-major for every value of
+    their symbols (size-1 dims' strides do not matter). Decided on the expressions: no guard."""
+    acc = sympy.Integer(1)
+    for size, st in reversed(list(zip(shape, stride))):
+        size = expr(size)
+        if size != 1 and sympy.expand(expr(st) - acc) != 0:
+            return False
+        acc = acc * size
+    return True
+
+
 def tensor_is_symbolic(t) -> bool:
     return isinstance(t, torch.Tensor) and not all(is_static(s) for s in (*t.shape, *t.stride()))
 
