@@ -119,6 +119,49 @@ def _copy(gm: fx.GraphModule) -> fx.GraphModule:
     return fx.GraphModule(gm, copy.deepcopy(gm.graph))
 
 
+def _checkable(gm: fx.GraphModule) -> bool:
+    """Whether running `gm` in eager PyTorch once more is harmless and gives the same values:
+    no op that writes into its inputs, none that draws random numbers."""
+    for node in compute_nodes(gm):
+        if node.target._schema.is_mutable or torch.Tag.nondeterministic_seeded in node.target.tags:
+            return False
+    return True
+
+
+def _disagreement(gm: fx.GraphModule, args: list, outputs) -> str | None:
+    """How IREE's `outputs` for `args` differ from `gm` run in eager PyTorch, or None when they
+    agree: same shapes and dtypes, the same integers, floats within a tolerance wide enough
+    for a different order of summation (and bf16's rounding)."""
+    if not _checkable(gm):
+        return None
+    with torch.no_grad():
+        expected = gm(*args)
+    ours = list(outputs) if isinstance(outputs, (tuple, list)) else [outputs]
+    expected = list(expected) if isinstance(expected, (tuple, list)) else [expected]
+    for i, (a, b) in enumerate(zip(ours, expected)):
+        if not isinstance(b, torch.Tensor):
+            if a != b:
+                return f"output {i} is {a!r}, eager gives {b!r}"
+            continue
+        if not isinstance(a, torch.Tensor) or a.shape != b.shape or a.dtype != b.dtype:
+            what = f"{tuple(a.shape)} {a.dtype}" if isinstance(a, torch.Tensor) else repr(a)
+            return f"output {i} is {what}, eager gives {tuple(b.shape)} {b.dtype}"
+        if not b.numel():
+            continue
+        if not b.is_floating_point():
+            if not torch.equal(a, b):
+                return f"output {i} differs from eager's"
+            continue
+        rel = 5e-2 if b.element_size() < 4 else 1e-3
+        scale = b.double().nan_to_num(0.0, 0.0, 0.0).abs().max().item()
+        try:
+            torch.testing.assert_close(a, b, rtol=rel, atol=rel * scale + 1e-5, equal_nan=True)
+        except AssertionError:
+            err = (a.double() - b.double()).abs().nan_to_num(0.0).max().item()
+            return f"output {i} differs by up to {err:.3g} (largest value {scale:.3g})"
+    return None
+
+
 class _NotDynamic(Exception):
     """The graph cannot run as one module for every size; it is compiled per shape instead."""
 
@@ -157,9 +200,11 @@ class CompiledGraph:
 
     def __call__(self, args):
         if self.dynamic:
-            runner = self._dynamic_runner or self._build_dynamic(list(args))
-            if runner is not None:
-                return runner(*args)
+            if self._dynamic_runner is not None:
+                return self._dynamic_runner(*args)
+            first = self._build_dynamic(list(args))
+            if first is not None:
+                return first
         key = self._key(args) if self.symbolic else None
         runner = self._runners.get(key)
         if runner is None:
@@ -177,17 +222,28 @@ class CompiledGraph:
         return target_for_device(device)
 
     def _build_dynamic(self, args: list):
-        """The runner for every size, or None (and per-shape compiles from now on)."""
+        """The first call's outputs from the module for every size, or None (and per-shape
+        compiles from now on). That first call is checked against the graph run in eager
+        PyTorch: torch-mlir has lowered some ops wrongly for dynamic sizes only (see
+        lower._views_through_one_dim), and a wrong module must not serve every shape."""
         try:
             runner = self._build(args, 0, dynamic=True)
+            runner = runner.forward if isinstance(runner, IreePart) else runner
+            outputs = runner(*args)
+            wrong = _disagreement(self.gm, args, outputs)
         except _NotDynamic as e:
             log.debug("boo: %s graph %s does not compile with dynamic shapes (%s); compiling it "
                       "once per input shape", self.kind, self.name, e)
             self.dynamic = False
             return None
-        runner = runner.forward if isinstance(runner, IreePart) else runner
+        if wrong:
+            log.warning("boo: the dynamic-shape module of %s graph %s disagrees with eager PyTorch on "
+                        "its first call (%s); compiling the graph once per input shape instead",
+                        self.kind, self.name, wrong)
+            self.dynamic = False
+            return None
         self._dynamic_runner = runner
-        return runner
+        return outputs
 
     def _shape_env(self):
         return symbolic.shape_env(n.meta.get("val") for n in self.gm.graph.nodes if n.op == "placeholder")

@@ -1,5 +1,5 @@
 """Pre-lowering rewrites: ATen calls that IREE 3.13 or torch-mlir get wrong, compile forever,
-or crash on, rewritten into ATen calls they get right. Imports only symbolic from boo_backend.
+or crash on, rewritten into ATen calls they get right. A leaf: imports nothing from boo_backend.
 
 Each entry of PRE_LOWERING returns NotImplemented for the calls it leaves alone, because
 make_fx applies the whole table once `needs_pre_lowering` says that some call needs it.
@@ -11,8 +11,6 @@ import math
 import threading
 
 import torch
-
-from . import symbolic
 
 aten = torch.ops.aten
 
@@ -175,30 +173,6 @@ def _index_put_wrapped(x, indices, values, accumulate=False):
         _NESTED.index_put = False
 
 
-def _view_through_flat(op):
-    """`op` (view, _unsafe_view) of symbolic sizes as a view to one dim, then to the target.
-    torch-mlir's view lowering pairs dynamic dims with the wrong groups when several dims
-    merge ([s0, s1, 4, 8] -> [s0*s1, 32] comes back as [s0, s1*32]); collapsing all dims to
-    one and expanding that one lowers right for every size."""
-
-    def rewrite(x, shape):
-        if getattr(_NESTED, "view", False):
-            return NotImplemented
-        shape = list(shape)
-        if any(isinstance(s, int) and s == -1 for s in shape):  # the lowering needs every size
-            known = math.prod(s for s in shape if not (isinstance(s, int) and s == -1))
-            shape = [math.prod(x.shape) // known if isinstance(s, int) and s == -1 else s for s in shape]
-        if not symbolic.is_row_major(x.shape, x.stride()):  # a view of a permute, say: by value
-            x = aten.clone.default(x, memory_format=torch.contiguous_format)
-        _NESTED.view = True
-        try:
-            return op(op(x, [-1]), shape)
-        finally:
-            _NESTED.view = False
-
-    return rewrite
-
-
 def _crop_negative_pads(x, pad, value=0.0):
     """constant_pad_nd with negative pads (crops) as a slice, then the non-negative pads:
     torch-mlir's lowering fills the whole result with the pad value."""
@@ -303,11 +277,6 @@ def _has_index(x, indices, *args, **kwargs) -> bool:
     return any(i is not None for i in indices)
 
 
-def _symbolic_view(x, shape, *args, **kwargs) -> bool:
-    symbolic = any(not isinstance(s, int) for s in (*x.shape, *shape))
-    return symbolic and x.dim() > 1 and len(shape) > 1
-
-
 def _negative_pad(x, pad, *args, **kwargs) -> bool:
     return any(p < 0 for p in pad)
 
@@ -363,8 +332,6 @@ _REWRITES = {
     aten.bmm.default: (_contracts_nothing, _empty_contraction(aten.bmm.default)),
     aten.addmm.default: (_contracts_nothing, _empty_contraction(aten.addmm.default)),
     aten.constant_pad_nd.default: (_negative_pad, _crop_negative_pads),
-    aten.view.default: (_symbolic_view, _view_through_flat(aten.view.default)),
-    aten._unsafe_view.default: (_symbolic_view, _view_through_flat(aten._unsafe_view.default)),
     aten._softmax.default: (_is_0d, _over_a_vector(aten._softmax.default, 1)),
     aten._log_softmax.default: (_is_0d, _over_a_vector(aten._log_softmax.default, 1)),
     aten._softmax_backward_data.default: (_is_0d, _over_a_vector(aten._softmax_backward_data.default, 2)),
