@@ -119,13 +119,22 @@ def _copy(gm: fx.GraphModule) -> fx.GraphModule:
     return fx.GraphModule(gm, copy.deepcopy(gm.graph))
 
 
+def _draws_random(node: fx.Node) -> bool:
+    """Random numbers, or uninitialized memory; an attention with dropout_p=0 draws none."""
+    op = node.target
+    if torch.Tag.nondeterministic_seeded not in op.tags:
+        return False
+    for i, arg in enumerate(op._schema.arguments):
+        if arg.name == "dropout_p":
+            value = node.args[i] if i < len(node.args) else node.kwargs.get(arg.name, arg.default_value)
+            return value != 0
+    return True
+
+
 def _checkable(gm: fx.GraphModule) -> bool:
     """Whether running `gm` in eager PyTorch once more is harmless and gives the same values:
     no op that writes into its inputs, none that draws random numbers."""
-    for node in compute_nodes(gm):
-        if node.target._schema.is_mutable or torch.Tag.nondeterministic_seeded in node.target.tags:
-            return False
-    return True
+    return not any(n.target._schema.is_mutable or _draws_random(n) for n in compute_nodes(gm))
 
 
 def _disagreement(gm: fx.GraphModule, args: list, outputs) -> str | None:
