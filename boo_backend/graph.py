@@ -249,6 +249,7 @@ class CompiledGraph:
             log.warning("boo: the dynamic-shape module of %s graph %s disagrees with eager PyTorch on "
                         "its first call (%s); compiling the graph once per input shape instead",
                         self.kind, self.name, wrong)
+            PLACEMENTS[:] = [p for p in PLACEMENTS if not (p.name == self.name and p.dynamic)]
             self.dynamic = False
             return None
         self._dynamic_runner = runner

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import operator
 
 import torch
@@ -163,15 +164,28 @@ def op_for_name(name: str):
     return getattr(packet, parts[3] if len(parts) == 4 else "default", None)
 
 
+def _same_strides(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Equal strides wherever a size is not 1 (a size-1 dim's stride means nothing), decided
+    without a guard on symbolic sizes."""
+    return all(n == 1 or statically_known_true(x == y) for n, x, y in zip(a.shape, a.stride(), b.stride()))
+
+
 def _to_layout(x, like):
     """`x` with the strides of `like` (same shape), as a permute of a contiguous copy; `x`
     itself when it has them already or when `like` is not a dense permuted layout."""
-    if not isinstance(x, torch.Tensor) or not isinstance(like, torch.Tensor) or x.stride() == like.stride():
+    if not isinstance(x, torch.Tensor) or not isinstance(like, torch.Tensor) or _same_strides(x, like):
         return x
-    order = sorted(range(like.dim()), key=lambda d: (-like.stride()[d], d))
+    stride = like.stride()
+
+    def outer_first(d: int, e: int) -> int:  # larger strides first; unknown order keeps dims
+        if statically_known_true(stride[d] > stride[e]):
+            return -1
+        return 1 if statically_known_true(stride[d] < stride[e]) else d - e
+
+    order = sorted(range(like.dim()), key=functools.cmp_to_key(outer_first))
     inverse = sorted(range(like.dim()), key=order.__getitem__)
     out = x.permute(order).contiguous().permute(inverse)
-    return out if out.stride() == like.stride() else x
+    return out if _same_strides(out, like) else x
 
 
 def keep_strides(op, decomposition):

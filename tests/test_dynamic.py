@@ -1,0 +1,247 @@
+"""Dynamic shapes: a graph Dynamo traces with symbolic sizes compiles to one IREE module that
+serves every size its guards admit, gives eager's results at every size, and refuses (falls
+back to per-shape modules) rather than answer wrongly."""
+
+import copy
+import logging
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+import torch.nn as nn
+
+import boo_backend
+import boo_backend.lower
+from util import assert_close
+
+# Batch and sequence sizes of the training loop: padding to each batch's longest sequence,
+# a smaller last batch, one of size 1 (Dynamo specializes size 1: a new trace).
+SHAPES = [(2, 16), (2, 24), (4, 32), (3, 40), (2, 48), (4, 64), (1, 80)]
+
+
+def _encoder():
+    torch.manual_seed(0)
+    model = nn.TransformerEncoderLayer(32, 4, 64, dropout=0.0, batch_first=True)
+
+    def batch(b, s):
+        g = torch.Generator().manual_seed(1000 * b + s)
+        return {"src": torch.randn(b, s, 32, generator=g)}
+
+    def loss(m, kw):  # not only the mean square: that of a layer norm's output is 1 always
+        out = m(**kw)
+        return out.square().mean() + 0.1 * out[:, :, :4].sum()
+
+    return model, batch, loss
+
+
+def _gpt2():
+    pytest.importorskip("transformers")
+    from boo_backend.zoo import MODELS
+
+    model, _ = MODELS["gpt2"]()
+
+    def batch(b, s):
+        g = torch.Generator().manual_seed(1000 * b + s)
+        ids = torch.randint(0, 128, (b, s), generator=g)
+        return {"input_ids": ids, "labels": ids.clone()}
+
+    return model, batch, lambda m, kw: m(**kw).loss
+
+
+MODELS = {"encoder": _encoder, "gpt2": _gpt2}
+
+
+def _step(model, run, loss_fn, kw):
+    model.zero_grad()
+    loss = loss_fn(run, kw)
+    loss.backward()
+    return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def _compiles() -> int:
+    return boo_backend.stats().get("iree_compiles", 0)
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_training_loop_over_changing_shapes(name):
+    """dynamic=None (torch.compile's default): the first shape compiles static graphs; a new
+    sequence length makes Dynamo trace it symbolic, a new batch size too (Dynamo marks dims
+    dynamic as they change), and boo compiles each symbolic graph once. A shape that Dynamo
+    does not trace again compiles nothing; a size-1 batch is traced anew (Dynamo
+    specializes size 1). Every step matches eager."""
+    boo_backend.reset()
+    model, batch, loss_fn = MODELS[name]()
+    ref = copy.deepcopy(model)
+    run = torch.compile(model, backend="boo")
+    traced = []
+    for b, s in SHAPES:
+        graphs, compiles = len(boo_backend.placements()), _compiles()
+        kw = batch(b, s)
+        loss, grads = _step(model, run, loss_fn, kw)
+        ref_loss, ref_grads = _step(ref, ref, loss_fn, kw)
+        assert_close(loss, ref_loss, f"{name} loss at {(b, s)}")
+        for n in ref_grads:
+            assert_close(grads[n], ref_grads[n], f"{name} grad of {n} at {(b, s)}", rtol=1e-4, atol=1e-5)
+        new = boo_backend.placements()[graphs:]
+        traced.append((b, s) if new else None)
+        if not new:
+            assert _compiles() == compiles, f"{name}: shape {(b, s)} compiled again without a new trace"
+        elif (b, s) != SHAPES[0]:
+            assert all(p.dynamic for p in new), [p.line() for p in new]
+    # Traced: the first shape, the first new length, the first new batch, the size-1 batch.
+    assert traced == [(2, 16), (2, 24), (4, 32), None, None, None, (1, 80)], traced
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_dynamic_true_compiles_one_module_per_graph(name):
+    boo_backend.reset()
+    model, batch, loss_fn = MODELS[name]()
+    run = torch.compile(model, backend="boo", dynamic=True)
+    _step(model, run, loss_fn, batch(2, 16))
+    placed = boo_backend.placements()
+    assert all(p.dynamic for p in placed), [p.line() for p in placed]
+    assert sorted(p.kind for p in placed).count("forward") == sorted(p.kind for p in placed).count("backward")
+    compiled = _compiles()
+    for b, s in [(3, 24), (2, 40), (4, 8)]:
+        _step(model, run, loss_fn, batch(b, s))
+    assert _compiles() == compiled
+    assert len(boo_backend.placements()) == len(placed)
+
+
+def _views(x):
+    b, s = x.shape[0], x.shape[1]
+    merged = (x * 2).reshape(-1, 32)                      # [b, s, 4, 8] -> [b*s, 32]
+    permuted = x.permute(1, 0, 2, 3).reshape(s * b, 32)   # merging dims of a permute
+    split = (merged + 1).reshape(b, s, 4, 8)              # one dim back into several
+    rows = (x - 1).reshape(b, -1)                         # an inferred size
+    return merged, permuted, split, rows
+
+
+def _embedding_backward(weight, ids):
+    return torch.nn.functional.embedding(ids, weight)
+
+
+@pytest.mark.parametrize("fn", [_views, _embedding_backward])
+def test_ops_torch_mlir_lowers_wrongly_for_dynamic_sizes(fn, caplog):
+    """Views that merge dynamic dims, and an embedding's backward (index_put with a 2-D
+    index), lowered wrongly with dynamic sizes; boo rewrites both. The module must stay
+    dynamic (no disagreement with eager on its first call) and be right at every size."""
+    boo_backend.reset()
+    run = torch.compile(fn, backend="boo", dynamic=True)
+    caplog.set_level(logging.WARNING, logger="boo_backend")
+    for b, s in [(2, 4), (3, 6), (5, 3)]:
+        if fn is _views:
+            args = [torch.randn(b, s, 4, 8)]
+        else:
+            args = [torch.randn(16, 32, requires_grad=True), torch.randint(0, 16, (b, s))]
+        ours = run(*args)
+        ref = fn(*args)
+        assert_close(ours, ref, f"{fn.__name__} at {(b, s)}")
+        if fn is _embedding_backward:
+            grad = torch.randn(b, s, 32)
+            (g_ours,) = torch.autograd.grad(ours, args[0], grad)
+            (g_ref,) = torch.autograd.grad(ref, args[0], grad)
+            assert_close(g_ours, g_ref, f"embedding grad at {(b, s)}")
+    assert all(p.dynamic for p in boo_backend.placements()), [p.line() for p in boo_backend.placements()]
+    assert "disagrees" not in caplog.text
+
+
+def test_wrong_dynamic_module_is_caught_on_its_first_call(monkeypatch, caplog):
+    """Without the view rewrite, torch-mlir's module is wrong; the first call's check
+    against eager catches it, warns, and the graph compiles per shape: still right."""
+    monkeypatch.setattr(boo_backend.lower, "_views_through_one_dim", lambda module: None)
+    monkeypatch.setenv("BOO_CACHE", "0")
+    boo_backend.reset()
+    caplog.set_level(logging.WARNING, logger="boo_backend")
+    run = torch.compile(lambda x: (x * 2).reshape(-1, 32), backend="boo", dynamic=True)
+    for b, s in [(2, 4), (3, 6)]:
+        x = torch.randn(b, s, 4, 8)
+        assert_close(run(x), (x * 2).reshape(-1, 32), f"at {(b, s)}")
+    assert "disagrees with eager PyTorch" in caplog.text
+    assert not any(p.dynamic for p in boo_backend.placements())
+
+
+def test_graph_that_fails_dynamically_is_compiled_per_shape(monkeypatch, caplog):
+    """A graph whose dynamic lowering fails falls back to one module per shape, with a
+    debug line, and stays right."""
+    real = boo_backend.lower.import_core
+
+    def refuse_symbolic(core):
+        if any(isinstance(s, torch.SymInt) for n in core.graph.nodes
+               for s in getattr(n.meta.get("val"), "shape", ())):
+            raise NotImplementedError("symbolic sizes refused by this test")
+        return real(core)
+
+    monkeypatch.setattr(boo_backend.lower, "import_core", refuse_symbolic)
+    monkeypatch.setenv("BOO_CACHE", "0")
+    boo_backend.reset()
+    caplog.set_level(logging.DEBUG, logger="boo_backend")
+    run = torch.compile(lambda x: torch.tanh(x) * 3, backend="boo", dynamic=True)
+    for n in (5, 7, 9):
+        x = torch.randn(n, 3)
+        assert_close(run(x), torch.tanh(x) * 3, f"at {n}")
+    assert "does not compile with dynamic shapes" in caplog.text
+    assert len(boo_backend.placements()) == 3 and not any(p.dynamic for p in boo_backend.placements())
+
+
+def test_shape_outside_a_guard_goes_back_through_dynamo():
+    def f(x):
+        return x.sin() if x.shape[0] > 6 else x.cos()
+
+    boo_backend.reset()
+    run = torch.compile(f, backend="boo", dynamic=True)
+    for n in (3, 4, 8, 9, 5):
+        x = torch.randn(n, 4)
+        assert_close(run(x), f(x), f"at {n}")
+    assert len(boo_backend.placements()) == 2  # one module per side of the guard
+    assert all(p.dynamic for p in boo_backend.placements())
+
+
+def test_off_switch_compiles_per_shape(monkeypatch):
+    monkeypatch.setenv("BOO_DYNAMIC", "0")
+    boo_backend.reset()
+    run = torch.compile(lambda x: x * 2 + 1, backend="boo", dynamic=True)
+    for n in (3, 4, 5):
+        x = torch.randn(n)
+        assert_close(run(x), x * 2 + 1)
+    assert len(boo_backend.placements()) == 3 and not any(p.dynamic for p in boo_backend.placements())
+
+
+def test_dynamic_module_found_by_any_compatible_shape(tmp_path, monkeypatch):
+    """The cache key of a dynamic module is the symbolic graph, not its first shape: after a
+    fresh Dynamo and an empty memory cache, another size finds it on disk."""
+    monkeypatch.setenv("BOO_CACHE_DIR", str(tmp_path))
+    model, batch, loss_fn = _encoder()
+    boo_backend.reset()
+    _step(model, torch.compile(model, backend="boo", dynamic=True), loss_fn, batch(2, 16))
+    assert _compiles() > 0
+    torch._dynamo.reset()
+    boo_backend.reset()
+    _step(model, torch.compile(model, backend="boo", dynamic=True), loss_fn, batch(3, 40))
+    assert _compiles() == 0, boo_backend.stats()
+    assert all(p.dynamic for p in boo_backend.placements())
+
+
+def test_second_process_compiles_nothing(tmp_path):
+    script = textwrap.dedent("""
+        import sys, torch, torch.nn as nn, boo_backend
+        torch.manual_seed(0)
+        model = nn.TransformerEncoderLayer(32, 4, 64, dropout=0.0, batch_first=True)
+        run = torch.compile(model, backend="boo")
+        for b, s in [(2, 16), (2, 24), (4, 32), (3, 40)]:
+            run(torch.randn(b, s, 32)).square().mean().backward()
+        print("compiles", boo_backend.stats().get("iree_compiles", 0),
+              "dynamic", sum(p.dynamic for p in boo_backend.placements()))
+    """)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BOO_")}
+    env.update(BOO_CACHE_DIR=str(tmp_path), BOO_STRICT="1")
+    runs = [subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600)
+            for _ in range(2)]
+    for r in runs:
+        assert r.returncode == 0, r.stderr[-3000:]
+    first, second = (r.stdout.split() for r in runs)
+    assert int(first[1]) > 0 and int(first[3]) >= 2, first
+    assert int(second[1]) == 0 and int(second[3]) >= 2, second
