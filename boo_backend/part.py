@@ -13,6 +13,10 @@ from .lower import Lowered
 from .runtime import IreeFunction
 
 
+# Distinct sets of sizes whose evaluated layouts a dynamic part keeps.
+_SIZES_KEPT = 1024
+
+
 def _contiguous_stride(shape) -> tuple[int, ...]:
     stride, acc = [], 1
     for size in reversed(shape):
@@ -75,6 +79,8 @@ class IreePart(torch.nn.Module):
             layouts = [(j, [values.get(x, x) for x in shape], [values.get(x, x) for x in stride])
                        for j, shape, stride in self._symbolic_layouts]
             restride = [(j, shape, stride) for j, shape, stride in layouts if not _is_row_major(shape, stride)]
+            if len(self._per_sizes) >= _SIZES_KEPT:  # generation: a new length every step
+                self._per_sizes.clear()
             found = self._per_sizes[key] = (restride, values)
         return found
 

@@ -187,6 +187,25 @@ def test_graph_that_fails_dynamically_is_compiled_per_shape(monkeypatch, caplog)
     assert len(boo_backend.placements()) == 3 and not any(p.dynamic for p in boo_backend.placements())
 
 
+def test_graph_split_around_aten_matmuls_stays_dynamic(monkeypatch):
+    """Sizes flow between IREE parts and ATen kernels of a split graph."""
+    monkeypatch.setenv("BOO_ATEN_MATMUL", "always")
+    boo_backend.reset()
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 8))
+    ref = copy.deepcopy(model)
+    run = torch.compile(model, backend="boo", dynamic=True)
+    for n in (3, 5, 9):
+        x = torch.randn(n, 16)
+        loss, grads = _step(model, run, lambda m, x: m(x).square().sum(), x)
+        ref_loss, ref_grads = _step(ref, ref, lambda m, x: m(x).square().sum(), x)
+        assert_close(loss, ref_loss, f"loss at {n}")
+        for name in ref_grads:
+            assert_close(grads[name], ref_grads[name], f"grad of {name} at {n}")
+    placed = boo_backend.placements()
+    assert len(placed) == 2 and all(p.dynamic and p.aten for p in placed), [p.line() for p in placed]
+
+
 def test_shape_outside_a_guard_goes_back_through_dynamo():
     def f(x):
         return x.sin() if x.shape[0] > 6 else x.cos()
