@@ -74,8 +74,19 @@ func.func private @{{ func_name }}(%do: {{ O }}, %q: {{ Q }}, %k: {{ K }}, %v: {
   } -> {{ PS }}
   {#- dS = P * (dO v^T - delta) * scale, loops (b, hk, r, s, e) #}
   {{ a.contraction("dp", "%dor", OR, dtype, "d0, d1, d2, d4", "%v", V, dtype, "d0, d1, d3, d4", [B, Hk, R, S], [a.b, "", a.r, a.s]) }}
+{% set dp = "%dp" %}
+{% if none in [B, R, S] %}
+  {#- With dynamic sizes and data tiling, IREE 3.13 computes dS wrongly when it fuses the
+      elementwise op below with dP's contraction in the packed layout (query and key rows
+      not multiples of its tiles); the barrier keeps dP unpacked, the tie says its sizes. #}
+{% set ps_dims = [] %}
+{% for d, name in [(B, a.b), (R, a.r), (S, a.s)] %}{% if d is none %}{% set _ = ps_dims.append(name) %}{% endif %}{% endfor %}
+  %dp_barrier = "util.optimization_barrier"(%dp) : ({{ PS }}) -> {{ PS }}
+  %dp_tied = "flow.tensor.tie_shape"(%dp_barrier, {{ ps_dims|join(", ") }}) : ({{ PS }}{% for _ in ps_dims %}, index{% endfor %}) -> {{ PS }}
+{% set dp = "%dp_tied" %}
+{% endif %}
   %ds = linalg.generic {indexing_maps = [{{ h.map(4) }}, {{ h.map(4) }}, {{ h.map(4, [0, 1, 2]) }}, {{ h.map(4) }}], iterator_types = {{ h.iterators(["parallel"] * 4) }}}
-      ins(%p, %dp, %delta : {{ PS }}, {{ PS }}, {{ LR }}) outs(%ps_empty : {{ PS }}) {
+      ins(%p, {{ dp }}, %delta : {{ PS }}, {{ PS }}, {{ LR }}) outs(%ps_empty : {{ PS }}) {
   ^bb0(%pi: f32, %dpi: f32, %di: f32, %unused: f32):
     %t = arith.subf %dpi, %di : f32
     %u = arith.mulf %pi, %t : f32

@@ -35,8 +35,8 @@ class Fn(torch.nn.Module):
 
 
 class Attention(torch.nn.Module):
-    """SDPA of queries [B, L, 32] and keys and values [B, S, 32] split into heads of 8: the
-    head count and size are static (the views pin them), B, L and S dynamic."""
+    """SDPA of queries [B, L, 32] and keys and values [B, S, kv_heads * 8] split into heads of
+    8: the head counts and size are static (the views pin them), B, L and S dynamic."""
 
     def __init__(self, kv_heads=4, causal=False, masked=False):
         super().__init__()
@@ -45,8 +45,8 @@ class Attention(torch.nn.Module):
     def forward(self, q, k, v, *mask):
         b, lq, s = q.shape[0], q.shape[1], k.shape[1]
         q = q.view(b, lq, 4, 8).transpose(1, 2)
-        k = k[..., : self.kv_heads * 8].reshape(b, s, self.kv_heads, 8).transpose(1, 2)
-        v = v[..., : self.kv_heads * 8].reshape(b, s, self.kv_heads, 8).transpose(1, 2)
+        k = k.view(b, s, self.kv_heads, 8).transpose(1, 2)
+        v = v.view(b, s, self.kv_heads, 8).transpose(1, 2)
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask[0] if mask else None, is_causal=self.causal,
                                              enable_gqa=self.kv_heads != 4)
         return out.transpose(1, 2).reshape(b, lq, 32)
@@ -56,10 +56,10 @@ def _rand(*shape, scale=1.0, shift=0.0):
     return torch.randn(shape) * scale + shift
 
 
-def _attention_inputs(masked):
+def _attention_inputs(masked, kv_heads=4):
     def make(n):
         lq, s = n + 1, n + 4
-        qkv = [_rand(n, lq, 32), _rand(n, s, 32), _rand(n, s, 32)]
+        qkv = [_rand(n, lq, 32), _rand(n, s, kv_heads * 8), _rand(n, s, kv_heads * 8)]
         return qkv + ([_rand(lq, s, scale=2.0)] if masked else [])
     return make
 
@@ -97,7 +97,7 @@ CASES = {
     "batch_norm_eval": Case(lambda: torch.nn.BatchNorm1d(8).eval(), lambda n: [_rand(n, 8, 6, scale=3.0, shift=0.5)],
                             {"_native_batch_norm_legit_no_training", "native_batch_norm_backward"}),
     "attention": Case(Attention, _attention_inputs(False), ATTENTION, 3),
-    "attention_gqa_causal": Case(lambda: Attention(kv_heads=2, causal=True), _attention_inputs(False), ATTENTION, 3),
+    "attention_gqa_causal": Case(lambda: Attention(kv_heads=2, causal=True), _attention_inputs(False, 2), ATTENTION, 3),
     "attention_masked": Case(lambda: Attention(masked=True), _attention_inputs(True), ATTENTION, 3),
 }
 
