@@ -35,6 +35,14 @@ func.func private @{{ func_name }}(%x: {{ X }}{% if has_weight %}, %w: {{ V }}{%
   %keep = arith.constant {{ "%.17e"|format(1.0 - momentum) }} : f32
   %p_empty = {{ h.empty([N, C], "f32", sizes) }}
   %p_zero = linalg.fill ins(%zero : f32) outs(%p_empty : {{ P }}) -> {{ P }}
+{% set p_zero2 = "%p_zero" %}
+{% if N is none or HW is none %}
+  {#- With dynamic sizes, two results of one reduction need inits of their own: IREE 3.13's GPU
+    bufferization fails on a shared one (a -0.0 fill, which CSE keeps apart). #}
+  %negzero = arith.constant -0.0 : f32
+  %p_zero2 = linalg.fill ins(%negzero : f32) outs(%p_empty : {{ P }}) -> {{ P }}
+{% set p_zero2 = "%p_zero2" %}
+{% endif %}
   %col_empty = tensor.empty() : {{ COL }}
   %col_zero = linalg.fill ins(%zero : f32) outs(%col_empty : {{ COL }}) -> {{ COL }}
   %sum = linalg.generic {indexing_maps = [{{ h.map(3) }}, {{ h.map(3, [0, 1]) }}], iterator_types = ["parallel", "parallel", "reduction"]}
@@ -55,7 +63,7 @@ func.func private @{{ func_name }}(%x: {{ X }}{% if has_weight %}, %w: {{ V }}{%
       their squares gives the variance. #}
   %dev:2 = linalg.generic {indexing_maps = [{{ h.map(3) }}, {{ h.map(3, [1]) }}, {{ h.map(3, [0, 1]) }}, {{ h.map(3, [0, 1]) }}],
                            iterator_types = ["parallel", "parallel", "reduction"]}
-      ins(%x, %mean0 : {{ X }}, {{ COL }}) outs(%p_zero, %p_zero : {{ P }}, {{ P }}) {
+      ins(%x, %mean0 : {{ X }}, {{ COL }}) outs(%p_zero, {{ p_zero2 }} : {{ P }}, {{ P }}) {
   ^bb0(%xin: {{ dtype }}, %m0: f32, %s: f32, %ss: f32):
     {{ h.to_f32("xf", "xin", dtype) }}
     %d = arith.subf {{ h.f32ref("xf", "xin", dtype) }}, %m0 : f32

@@ -57,9 +57,17 @@ func.func private @{{ func_name }}(%g: {{ X }}, %x: {{ X }}{% if has_weight %}, 
   %zero64 = arith.constant 0.0 : f64
   %p_empty = {{ h.empty([N, C], "f64", sizes) }}
   %p_zero = linalg.fill ins(%zero64 : f64) outs(%p_empty : {{ P64 }}) -> {{ P64 }}
+{% set p_zero2 = "%p_zero" %}
+{% if N is none or HW is none %}
+  {#- With dynamic sizes, two results of one reduction need inits of their own: IREE 3.13's GPU
+    bufferization fails on a shared one (a -0.0 fill, which CSE keeps apart). #}
+  %negzero64 = arith.constant -0.0 : f64
+  %p_zero2 = linalg.fill ins(%negzero64 : f64) outs(%p_empty : {{ P64 }}) -> {{ P64 }}
+{% set p_zero2 = "%p_zero2" %}
+{% endif %}
   %ab:2 = linalg.generic {indexing_maps = [{{ h.map(3) }}, {{ h.map(3) }}, {{ h.map(3, [1]) }}, {{ h.map(3, [0, 1]) }}, {{ h.map(3, [0, 1]) }}],
                           iterator_types = ["parallel", "parallel", "reduction"]}
-      ins(%g, %x, %mr#0 : {{ X }}, {{ X }}, {{ COL }}) outs(%p_zero, %p_zero : {{ P64 }}, {{ P64 }}) {
+      ins(%g, %x, %mr#0 : {{ X }}, {{ X }}, {{ COL }}) outs(%p_zero, {{ p_zero2 }} : {{ P64 }}, {{ P64 }}) {
   ^bb0(%gin: {{ dtype }}, %xin: {{ dtype }}, %mu: f32, %a: f64, %b: f64):
     {{ h.to_f32("gf", "gin", dtype) }}
     {{ h.to_f32("xf", "xin", dtype) }}

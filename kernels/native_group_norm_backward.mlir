@@ -68,9 +68,17 @@ func.func private @{{ func_name }}(%g: {{ X }}, %x: {{ X }}, %mean: {{ STAT }}, 
   %zero64 = arith.constant 0.0 : f64
   %nc64_empty = {{ h.empty([N, G, D], "f64", sizes) }}
   %nc64_zero = linalg.fill ins(%zero64 : f64) outs(%nc64_empty : {{ NC64 }}) -> {{ NC64 }}
+{% set nc64_zero2 = "%nc64_zero" %}
+{% if N is none or HW is none %}
+  {#- With dynamic sizes, two results of one reduction need inits of their own: IREE 3.13's GPU
+    bufferization fails on a shared one (a -0.0 fill, which CSE keeps apart). #}
+  %negzero64 = arith.constant -0.0 : f64
+  %nc64_zero2 = linalg.fill ins(%negzero64 : f64) outs(%nc64_empty : {{ NC64 }}) -> {{ NC64 }}
+{% set nc64_zero2 = "%nc64_zero2" %}
+{% endif %}
   %ab64:2 = linalg.generic {indexing_maps = [{{ h.map(4) }}, {{ h.map(4) }}, {{ h.map(4, [0, 1]) }}, {{ h.map(4, [0, 1, 2]) }}, {{ h.map(4, [0, 1, 2]) }}],
                             iterator_types = ["parallel", "parallel", "parallel", "reduction"]}
-      ins(%g4, %x4, %mean_f : {{ X4 }}, {{ X4 }}, {{ ROW }}) outs(%nc64_zero, %nc64_zero : {{ NC64 }}, {{ NC64 }}) {
+      ins(%g4, %x4, %mean_f : {{ X4 }}, {{ X4 }}, {{ ROW }}) outs(%nc64_zero, {{ nc64_zero2 }} : {{ NC64 }}, {{ NC64 }}) {
   ^bb0(%gin: {{ dtype }}, %xin: {{ dtype }}, %mu: f32, %a: f64, %b: f64):
     {{ h.to_f32("gf", "gin", dtype) }}
     {{ h.to_f32("xf", "xin", dtype) }}
@@ -92,9 +100,15 @@ func.func private @{{ func_name }}(%g: {{ X }}, %x: {{ X }}, %mean: {{ STAT }}, 
   } -> ({{ NC }}, {{ NC }})
 {% if output_mask[0] %}
   %row_zero = linalg.fill ins(%zero : f32) outs(%row_empty : {{ ROW }}) -> {{ ROW }}
+{% set row_zero2 = "%row_zero" %}
+{% if N is none %}
+  %negzero = arith.constant -0.0 : f32
+  %row_zero2 = linalg.fill ins(%negzero : f32) outs(%row_empty : {{ ROW }}) -> {{ ROW }}
+{% set row_zero2 = "%row_zero2" %}
+{% endif %}
   %s:2 = linalg.generic {indexing_maps = [{{ h.map(3) }}, {{ h.map(3) }}{% if has_weight %}, {{ h.map(3, [1, 2]) }}{% endif %}, {{ h.map(3, [0, 1]) }}, {{ h.map(3, [0, 1]) }}],
                          iterator_types = ["parallel", "parallel", "reduction"]}
-      ins(%ab#0, %ab#1{% if has_weight %}, %w2{% endif %} : {{ NC }}, {{ NC }}{% if has_weight %}, {{ V2 }}{% endif %}) outs(%row_zero, %row_zero : {{ ROW }}, {{ ROW }}) {
+      ins(%ab#0, %ab#1{% if has_weight %}, %w2{% endif %} : {{ NC }}, {{ NC }}{% if has_weight %}, {{ V2 }}{% endif %}) outs(%row_zero, {{ row_zero2 }} : {{ ROW }}, {{ ROW }}) {
   ^bb0(%a: f32, %b: f32{% if has_weight %}, %win: {{ dtype }}{% endif %}, %s1: f32, %s2: f32):
 {% if has_weight %}
     {{ h.to_f32("wf", "win", dtype) }}
