@@ -157,3 +157,31 @@ def test_dynamic_composite_matches_float64(name, dtype):
     assert placements and all(p.dynamic for p in placements), lines
     used = {composite for p in placements for composite, _ in p.composite_names}
     assert case.composites <= used, f"composites used: {sorted(used)} | expected: {sorted(case.composites)}; {lines}"
+
+
+def test_symbolic_width_declines_without_a_guard(caplog):
+    """A dim the kernel needs static (layer norm's width, given as a symbolic size) makes the
+    composite decline, with its reason at debug level; the graph stays dynamic (no guard)."""
+    caplog.set_level("DEBUG", logger="boo_backend")
+    compiled = torch.compile(lambda x: F.layer_norm(x, x.shape[-1:]), backend="boo", dynamic=True)
+    boo_backend.reset()
+    for n in SIZES:
+        x = _rand(n, 3, n + 9)
+        torch.testing.assert_close(compiled(x), F.layer_norm(x, x.shape[-1:]))
+    placements = boo_backend.placements()
+    assert len(placements) == 1 and placements[0].dynamic and not placements[0].composites, [p.line() for p in placements]
+    assert "composite native_layer_norm declines native_layer_norm: normalized size: symbolic N" in caplog.text
+
+
+def test_second_compile_of_automatic_dynamic_uses_composites():
+    """dynamic=None: Dynamo's first graph is static, its second (another size) dynamic, and
+    composites compute both."""
+    module = torch.nn.Sequential(torch.nn.LayerNorm(16), torch.nn.GELU())
+    compiled = torch.compile(module, backend="boo")
+    boo_backend.reset()
+    for n in SIZES:
+        x = _rand(n, 16)
+        torch.testing.assert_close(compiled(x), module(x))
+    placements = boo_backend.placements()
+    assert [p.dynamic for p in placements] == [False, True], [p.line() for p in placements]
+    assert all({"native_layer_norm", "gelu"} <= {c for c, _ in p.composite_names} for p in placements)
