@@ -128,7 +128,8 @@ def _check(name, what, ours, ref, eager, dtype):
     for i, (a, b, e) in enumerate(zip(ours, ref, eager)):
         if b is None or not b.is_floating_point():
             continue
-        assert a.shape == b.shape and a.dtype == e.dtype, f"{name} {what}[{i}]: ours={a.shape}/{a.dtype} | torch={b.shape}/{e.dtype}"
+        assert a.shape == b.shape and a.dtype == e.dtype, \
+            f"{name} {what}[{i}]: ours={a.shape}/{a.dtype} | torch={b.shape}/{e.dtype}"
         err, bound = rel_error(a, b), allowed_error(dtype, rel_error(e, b))
         assert err < bound, f"{name} {what}[{i}]: relative error {err:.2e} >= {bound:.1e}"
 
@@ -169,7 +170,8 @@ def test_symbolic_width_declines_without_a_guard(caplog):
         x = _rand(n, 3, n + 9)
         torch.testing.assert_close(compiled(x), F.layer_norm(x, x.shape[-1:]))
     placements = boo_backend.placements()
-    assert len(placements) == 1 and placements[0].dynamic and not placements[0].composites, [p.line() for p in placements]
+    lines = [p.line() for p in placements]
+    assert len(placements) == 1 and placements[0].dynamic and not placements[0].composites, lines
     assert "composite native_layer_norm declines native_layer_norm: normalized size: symbolic N" in caplog.text
 
 

@@ -1,4 +1,5 @@
-"""Every composite compiles for CUDA (sm_80) and ROCm (gfx942) here, without a GPU.
+"""Every composite compiles for CUDA (sm_80) and ROCm (gfx942) here, without a GPU, with
+static sizes and with its batch, row and sequence dims dynamic.
 
 Hopper (sm_90) has no IREE 3.13 target; boo compiles sm_89 code for it (see compile.py).
 Running on a GPU is marked `gpu` and skipped on machines without one.
@@ -58,7 +59,8 @@ def _dynamic_params(name, target):
     shape = (64, 256) if len(row.small) == 2 else row.small
     args, kwargs = row.make(shape, torch.float32, True, row.variants[0])
     schema = entry.op._schema.arguments
-    full = [*args, *(kwargs.get(a.name, a.default_value if a.has_default_value() else None) for a in schema[len(args):])]
+    defaults = (kwargs.get(a.name, a.default_value if a.has_default_value() else None) for a in schema[len(args):])
+    full = [*args, *defaults]
     outs = entry.op(*args, **kwargs)
     params = {**entry.params(full, kwargs, list(outs) if isinstance(outs, (tuple, list)) else [outs]), "target": target}
     if "shape" in params:  # gelu

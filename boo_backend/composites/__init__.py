@@ -1,7 +1,8 @@
 """The composite registry: one entry per ATen OpOverload that boo replaces by a kernel.
 
-A leaf: imports only config and symbolic (leaves) from boo_backend. Adding a composite means one entry (in the
-family module under this package), one template `kernels/<name>.mlir`, and one test row.
+A leaf: imports only config and symbolic (leaves) from boo_backend. Adding a composite means
+one entry (in the family module under this package), one template `kernels/<name>.mlir`, and
+one test row.
 
 An entry says, for a node of its op:
 - `accepts(args, kwargs, outs)`: None to take the node, or the reason it declines;

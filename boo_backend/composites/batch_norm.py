@@ -20,7 +20,9 @@ import math
 import torch
 from torch._decomp import decomposition_table
 
-from . import ELEMENT_TYPES, Composite, common_decline, flat, random_tensor, register, same, size, sizes, symbolic_decline
+from . import (
+    ELEMENT_TYPES, Composite, common_decline, flat, random_tensor, register, same, size, sizes, symbolic_decline,
+)
 
 aten = torch.ops.aten
 
