@@ -31,7 +31,10 @@ _ELEMENT = {
 
 
 def _builtin(t: torch.Tensor) -> ir.Type:
-    return ir.RankedTensorType.get(list(t.shape), _ELEMENT[t.dtype]())
+    """The builtin tensor type of a FakeTensor; a symbolic size is a `?` dim, as the importer
+    gives it (and as composites.size makes it in a kernel's parameters)."""
+    dims = [ir.ShapedType.get_dynamic_size() if s is None else s for s in composites.sizes(t.shape)]
+    return ir.RankedTensorType.get(dims, _ELEMENT[t.dtype]())
 
 
 def _kernel_text(call) -> tuple[str, str]:

@@ -38,6 +38,10 @@ class CompositeCall:
 
 
 def _value(a):
+    """An argument as the composite sees it: a node's value, in lists too (a symbolic
+    normalized_shape holds SymInt nodes)."""
+    if isinstance(a, (list, tuple)):
+        return type(a)(_value(x) for x in a)
     return a.meta.get("val") if isinstance(a, fx.Node) else a
 
 

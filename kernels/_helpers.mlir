@@ -2,9 +2,51 @@
       {% import "_helpers.mlir" as h %}
     Low-precision inputs (bf16, f16) are widened to f32 for arithmetic and narrowed on store. -#}
 
-{#- `tensor<4x8xf32>`; rank 0 gives `tensor<f32>`. -#}
+{#- `tensor<4x8xf32>`; a dynamic dim (None) is `?`: `tensor<?x8xf32>`; rank 0 gives
+    `tensor<f32>`. -#}
 {% macro tensor(shape, dtype) -%}
-tensor<{% for d in shape %}{{ d }}x{% endfor %}{{ dtype }}>
+tensor<{% for d in shape %}{{ "?" if d is none else d }}x{% endfor %}{{ dtype }}>
+{%- endmacro %}
+
+{#- Dynamic sizes. A parameter that is None is a dim known only at run time: kernels read it
+    with dim() and hand it to every op that makes a tensor of that size (empty(),
+    tensor.expand_shape's output_shape). -#}
+
+{#- %name : index, dim `i` of `value` (a `type`). -#}
+{% macro dim(name, value, i, type) -%}
+%{{ name }}_i = arith.constant {{ i }} : index
+  %{{ name }} = tensor.dim {{ value }}, %{{ name }}_i : {{ type }}
+{%- endmacro %}
+
+{#- `tensor.empty(...) : tensor<...>` of `shape`; each dynamic dim takes its SSA index value
+    from `names` (by position; entries of static dims are ignored). -#}
+{% macro empty(shape, dtype, names=[]) -%}
+{% set dynamic = [] %}
+{% for d in shape %}{% if d is none %}{% set _ = dynamic.append(names[loop.index0]) %}{% endif %}{% endfor %}
+tensor.empty({{ dynamic|join(", ") }}) : {{ tensor(shape, dtype) }}
+{%- endmacro %}
+
+{#- `output_shape [...]` of a tensor.expand_shape: ints, or the SSA names of dynamic ones
+    (by position in `names`). -#}
+{% macro output_shape(shape, names=[]) -%}
+[{% for d in shape %}{{ names[loop.index0] if d is none else d }}{{ ", " if not loop.last }}{% endfor %}]
+{%- endmacro %}
+
+{#- %name : f32, the element count `factors` multiply to: ints, and SSA index values (strings)
+    for dynamic ones. A constant when every factor is static. -#}
+{% macro count(name, factors) -%}
+{% set ns = namespace(n=1, dynamic=[]) %}
+{% for f in factors %}{% if f is string %}{% set ns.dynamic = ns.dynamic + [f] %}{% else %}{% set ns.n = ns.n * f %}{% endif %}{% endfor %}
+{% if not ns.dynamic %}
+%{{ name }} = arith.constant {{ "%.1f"|format(ns.n) }} : f32
+{%- else %}
+%{{ name }}_p0 = arith.constant {{ ns.n }} : index
+{% for f in ns.dynamic %}
+  %{{ name }}_p{{ loop.index }} = arith.muli %{{ name }}_p{{ loop.index0 }}, {{ f }} : index
+{% endfor %}
+  %{{ name }}_i = arith.index_cast %{{ name }}_p{{ ns.dynamic|length }} : index to i64
+  %{{ name }} = arith.uitofp %{{ name }}_i : i64 to f32
+{%- endif %}
 {%- endmacro %}
 
 {#- affine_map<(d0, d1) -> (d0, d1)> restricted to the dims in `keep` (default: all). -#}
@@ -37,7 +79,7 @@ affine_map<({% for i in range(rank) %}d{{ i }}{{ ", " if not loop.last }}{% endf
 
 {#- An MLIR attribute for a Python value. -#}
 {% macro attr(v) -%}
-{% if v is sameas true %}true{% elif v is sameas false %}false{% elif v is string %}"{{ v }}"{% elif v is float %}{{ "%.17e"|format(v) }} : f64{% elif v is integer %}{{ v }} : i64{% else %}[{% for x in v %}{{ attr(x) }}{{ ", " if not loop.last }}{% endfor %}]{% endif %}
+{% if v is sameas true %}true{% elif v is sameas false %}false{% elif v is none %}"?"{% elif v is string %}"{{ v }}"{% elif v is float %}{{ "%.17e"|format(v) }} : f64{% elif v is integer %}{{ v }} : i64{% else %}[{% for x in v %}{{ attr(x) }}{{ ", " if not loop.last }}{% endfor %}]{% endif %}
 {%- endmacro %}
 
 {#- The attributes that carry a composite's identity on its function. -#}
@@ -45,9 +87,10 @@ affine_map<({% for i in range(rank) %}d{{ i }}{{ ", " if not loop.last }}{% endf
 attributes {boo.composite = "{{ composite }}", boo.version = {{ version }} : i64, boo.params = { {%- for k, v in params.items() %}{{ k }} = {{ attr(v) }}{{ ", " if not loop.last }}{% endfor -%} }}
 {%- endmacro %}
 
-{#- %name : tensor<Mx1x{dtype}> from the f32 row vector `value` : tensor<Mxf32>. -#}
-{% macro row_stat(name, value, M, dtype) -%}
-%{{ name }}_empty = tensor.empty() : {{ tensor([M, 1], dtype) }}
+{#- %name : tensor<Mx1x{dtype}> from the f32 row vector `value` : tensor<Mxf32>; `m` names
+    M's SSA value when it is dynamic. -#}
+{% macro row_stat(name, value, M, dtype, m="") -%}
+%{{ name }}_empty = {{ empty([M, 1], dtype, [m]) }}
   %{{ name }} = linalg.generic {indexing_maps = [affine_map<(d0, d1) -> (d0)>, affine_map<(d0, d1) -> (d0, d1)>], iterator_types = ["parallel", "parallel"]}
       ins({{ value }} : {{ tensor([M], "f32") }}) outs(%{{ name }}_empty : {{ tensor([M, 1], dtype) }}) {
   ^bb0(%{{ name }}_in: f32, %{{ name }}_unused: {{ dtype }}):
@@ -56,9 +99,10 @@ attributes {boo.composite = "{{ composite }}", boo.version = {{ version }} : i64
   } -> {{ tensor([M, 1], dtype) }}
 {%- endmacro %}
 
-{#- %name : tensor<Mxf32> from the stat tensor `value` : tensor<Mx1x{dtype}>. -#}
-{% macro row_f32(name, value, M, dtype) -%}
-%{{ name }}_empty = tensor.empty() : {{ tensor([M], "f32") }}
+{#- %name : tensor<Mxf32> from the stat tensor `value` : tensor<Mx1x{dtype}>; `m` as in
+    row_stat. -#}
+{% macro row_f32(name, value, M, dtype, m="") -%}
+%{{ name }}_empty = {{ empty([M], "f32", [m]) }}
   %{{ name }} = linalg.generic {indexing_maps = [affine_map<(d0) -> (d0, 0)>, affine_map<(d0) -> (d0)>], iterator_types = ["parallel"]}
       ins({{ value }} : {{ tensor([M, 1], dtype) }}) outs(%{{ name }}_empty : {{ tensor([M], "f32") }}) {
   ^bb0(%{{ name }}_in: {{ dtype }}, %{{ name }}_unused: f32):
@@ -77,12 +121,12 @@ attributes {boo.composite = "{{ composite }}", boo.version = {{ version }} : i64
     row-local work (reductions feeding elementwise ops over the same rows) this keeps a row
     in cache between the passes instead of splitting them into dispatches. Generic syntax,
     since the flow dialect is unknown where the kernel is parsed. -#}
-{% macro dispatch_region(name, values, types) -%}
-%{{ name }}:{{ values|length }} = "flow.dispatch.region"() <{operandSegmentSizes = array<i32: 0, 0>}> ({
+{% macro dispatch_region(name, values, types, dims=[]) -%}
+%{{ name }}:{{ values|length }} = "flow.dispatch.region"({{ dims|join(", ") }}) <{operandSegmentSizes = array<i32: {{ dims|length }}, 0>}> ({
 {{ caller() }}
     "flow.return"({{ values|join(", ") }}) : ({{ types|join(", ") }}) -> ()
   }, {
-  }) : () -> ({{ types|join(", ") }})
+  }) : ({% for d in dims %}index{{ ", " if not loop.last }}{% endfor %}) -> ({{ types|join(", ") }})
 {%- endmacro %}
 
 {#- As cpu_tiles, with a fourth level: the vector tile of parallel loops inside the reduction

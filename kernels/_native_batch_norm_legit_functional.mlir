@@ -1,5 +1,6 @@
 {#- _native_batch_norm_legit_functional (training) on x[N, C, HW], normalized per channel over
-    (N, HW); cnt = N * HW. Params: N, C, HW, momentum, eps, dtype, has_weight, has_bias.
+    (N, HW); cnt = N * HW. Params: N, C, HW, momentum, eps, dtype, has_weight, has_bias;
+    N and HW may be dynamic (None).
     Statistics in two passes (mean, then deviations from it), each as per-(n, c) sums over HW
     followed by a sum over the batch; f32 throughout. Running statistics:
       new_mean = (1 - momentum) * running_mean + momentum * mean
@@ -10,16 +11,38 @@
 {% set P = h.tensor([N, C], "f32") %}
 {% set COL = h.tensor([C], "f32") %}
 {% set RV = h.tensor([C], running_dtype) %}
+{#- SSA names of the dynamic sizes, by position in [N, C, HW]. -#}
+{% set sizes = ["%dim_n", "", "%dim_hw"] %}
 func.func private @{{ func_name }}(%x: {{ X }}{% if has_weight %}, %w: {{ V }}{% endif %}{% if has_bias %}, %b: {{ V }}{% endif %}, %rm: {{ V }}, %rv: {{ V }})
     -> ({{ X }}, {{ V }}, {{ V }}, {{ RV }}, {{ RV }}) {{ h.identity({"eps": eps, "momentum": momentum, "has_weight": has_weight, "has_bias": has_bias}) }} {
   %zero = arith.constant 0.0 : f32
+{% if N is none or HW is none %}
+{% if N is none %}
+  {{ h.dim("dim_n", "%x", 0, X) }}
+{% endif %}
+{% if HW is none %}
+  {{ h.dim("dim_hw", "%x", 2, X) }}
+{% endif %}
+  {{ h.count("cnt", ["%dim_n" if N is none else N, "%dim_hw" if HW is none else HW]) }}
+  %one = arith.constant 1.0 : f32
+  %cnt1 = arith.subf %cnt, %one : f32
+{% else %}
   %cnt = arith.constant {{ "%.1f"|format(N * HW) }} : f32
   %cnt1 = arith.constant {{ "%.1f"|format(N * HW - 1) }} : f32
+{% endif %}
   %eps = arith.constant {{ "%.17e"|format(eps) }} : f32
   %mom = arith.constant {{ "%.17e"|format(momentum) }} : f32
   %keep = arith.constant {{ "%.17e"|format(1.0 - momentum) }} : f32
-  %p_empty = tensor.empty() : {{ P }}
+  %p_empty = {{ h.empty([N, C], "f32", sizes) }}
   %p_zero = linalg.fill ins(%zero : f32) outs(%p_empty : {{ P }}) -> {{ P }}
+{% set p_zero2 = "%p_zero" %}
+{% if N is none or HW is none %}
+  {#- With dynamic sizes, two results of one reduction need inits of their own: IREE 3.13's GPU
+    bufferization fails on a shared one (a -0.0 fill, which CSE keeps apart). #}
+  %negzero = arith.constant -0.0 : f32
+  %p_zero2 = linalg.fill ins(%negzero : f32) outs(%p_empty : {{ P }}) -> {{ P }}
+{% set p_zero2 = "%p_zero2" %}
+{% endif %}
   %col_empty = tensor.empty() : {{ COL }}
   %col_zero = linalg.fill ins(%zero : f32) outs(%col_empty : {{ COL }}) -> {{ COL }}
   %sum = linalg.generic {indexing_maps = [{{ h.map(3) }}, {{ h.map(3, [0, 1]) }}], iterator_types = ["parallel", "parallel", "reduction"]}
@@ -40,7 +63,7 @@ func.func private @{{ func_name }}(%x: {{ X }}{% if has_weight %}, %w: {{ V }}{%
       their squares gives the variance. #}
   %dev:2 = linalg.generic {indexing_maps = [{{ h.map(3) }}, {{ h.map(3, [1]) }}, {{ h.map(3, [0, 1]) }}, {{ h.map(3, [0, 1]) }}],
                            iterator_types = ["parallel", "parallel", "reduction"]}
-      ins(%x, %mean0 : {{ X }}, {{ COL }}) outs(%p_zero, %p_zero : {{ P }}, {{ P }}) {
+      ins(%x, %mean0 : {{ X }}, {{ COL }}) outs(%p_zero, {{ p_zero2 }} : {{ P }}, {{ P }}) {
   ^bb0(%xin: {{ dtype }}, %m0: f32, %s: f32, %ss: f32):
     {{ h.to_f32("xf", "xin", dtype) }}
     %d = arith.subf {{ h.f32ref("xf", "xin", dtype) }}, %m0 : f32
@@ -82,7 +105,7 @@ func.func private @{{ func_name }}(%x: {{ X }}{% if has_weight %}, %w: {{ V }}{%
     %rvn = arith.addf %rv0, %rv1 : f32
     linalg.yield %mean, %rstd, %rmn, %rvn : f32, f32, f32, f32
   } -> ({{ COL }}, {{ COL }}, {{ COL }}, {{ COL }})
-  %out_empty = tensor.empty() : {{ X }}
+  %out_empty = {{ h.empty([N, C, HW], dtype, sizes) }}
   %out = linalg.generic {indexing_maps = [{{ h.map(3) }}, {{ h.map(3, [1]) }}, {{ h.map(3, [1]) }}{% if has_weight %}, {{ h.map(3, [1]) }}{% endif %}{% if has_bias %}, {{ h.map(3, [1]) }}{% endif %}, {{ h.map(3) }}],
                          iterator_types = ["parallel", "parallel", "parallel"]}
       ins(%x, %stats#0, %stats#1{% if has_weight %}, %w{% endif %}{% if has_bias %}, %b{% endif %} : {{ X }}, {{ COL }}, {{ COL }}{% if has_weight %}, {{ V }}{% endif %}{% if has_bias %}, {{ V }}{% endif %})

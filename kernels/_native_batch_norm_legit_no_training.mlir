@@ -1,18 +1,26 @@
 {#- _native_batch_norm_legit_no_training (eval) on x[N, C, HW] with the running statistics:
       out = (x - running_mean) * rsqrt(running_var + eps) * w + b
     The saved mean and rstd are empty ([0]), as eager gives them.
-    Params: N, C, HW, eps, dtype, has_weight, has_bias. -#}
+    Params: N, C, HW, eps, dtype, has_weight, has_bias; N and HW may be dynamic (None). -#}
 {% import "_helpers.mlir" as h with context %}
 {% set X = h.tensor([N, C, HW], dtype) %}
 {% set V = h.tensor([C], dtype) %}
 {% set E = h.tensor([0], dtype) %}
 {% set COL = h.tensor([C], "f32") %}
+{#- SSA names of the dynamic sizes, by position in [N, C, HW]. -#}
+{% set sizes = ["%dim_n", "", "%dim_hw"] %}
 func.func private @{{ func_name }}(%x: {{ X }}{% if has_weight %}, %w: {{ V }}{% endif %}{% if has_bias %}, %b: {{ V }}{% endif %}, %rm: {{ V }}, %rv: {{ V }})
     -> ({{ X }}, {{ E }}, {{ E }}) {{ h.identity({"eps": eps, "has_weight": has_weight, "has_bias": has_bias}) }} {
   %saved_mean = tensor.empty() : {{ E }}
   %saved_rstd = tensor.empty() : {{ E }}
+{% if N is none %}
+  {{ h.dim("dim_n", "%x", 0, X) }}
+{% endif %}
+{% if HW is none %}
+  {{ h.dim("dim_hw", "%x", 2, X) }}
+{% endif %}
 {% if N == 0 %}
-  %out = tensor.empty() : {{ X }}
+  %out = {{ h.empty([N, C, HW], dtype, sizes) }}
 {% else %}
   %eps = arith.constant {{ "%.17e"|format(eps) }} : f32
   %col_empty = tensor.empty() : {{ COL }}
@@ -40,7 +48,7 @@ func.func private @{{ func_name }}(%x: {{ X }}{% if has_weight %}, %w: {{ V }}{%
 {% endif %}
     linalg.yield {{ scale }}, %shift : f32, f32
   } -> ({{ COL }}, {{ COL }})
-  %out_empty = tensor.empty() : {{ X }}
+  %out_empty = {{ h.empty([N, C, HW], dtype, sizes) }}
   %out = linalg.generic {indexing_maps = [{{ h.map(3) }}, {{ h.map(3, [1]) }}, {{ h.map(3, [1]) }}, {{ h.map(3) }}],
                          iterator_types = ["parallel", "parallel", "parallel"]}
       ins(%x, %ss#0, %ss#1 : {{ X }}, {{ COL }}, {{ COL }}) outs(%out_empty : {{ X }}) {

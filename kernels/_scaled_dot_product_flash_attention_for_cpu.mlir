@@ -1,6 +1,6 @@
 {#- Attention forward: out = softmax(q k^T * scale + mask) v and its log-sum-exp, f32 inside.
     Params: B, H, Hk, L, S, D, Dv, dtype, scale, is_causal, mask_shape (4-D, or None),
-    mask_rank (2 or 4).
+    mask_rank (2 or 4). B, L and S may be dynamic (None); see _attention.mlir.
     IREE's own online_attention op (the flash loop: running row max and sum) computes the
     unnormalized output; the running max and sum give the log-sum-exp. The query heads are
     viewed as [Hk, G] so that a group of query heads shares one key head without copies.
@@ -21,14 +21,15 @@
 {% set has_mask = mask_shape is not none or is_causal %}
 func.func private @{{ func_name }}(%q: {{ Q }}, %k: {{ K }}, %v: {{ V }}{% if mask_shape is not none %}, %mask: {{ a.mask_type() }}{% endif %})
     -> ({{ O }}, {{ LSE }}) {{ h.identity({"scale": scale, "is_causal": is_causal, "heads": H, "kv_heads": Hk, "masked": mask_shape is not none}) }} {
-{% if B * H * L == 0 %}
+{{ a.dims(Q, K) }}
+{% if 0 in [B, H, L] %}
   {#- An empty batch: IREE 3.13 crashes on reductions over zero-size dims. #}
-  %out = tensor.empty() : {{ O }}
-  %lse = tensor.empty() : {{ LSE }}
+  %out = {{ h.empty([B, H, L, Dv], dtype, [a.b, "", a.l, ""]) }}
+  %lse = {{ h.empty([B, H, L], "f32", [a.b, "", a.l]) }}
   return %out, %lse : {{ O }}, {{ LSE }}
 {% else %}
 {% if target == "llvm-cpu" %}
-{% set R = G * L %}
+{% set R = G * L if L is not none else none %}
 {% set QR = h.tensor([B, Hk, R, D], dtype) %}
 {% set PS = h.tensor([B, Hk, R, S], "f32") %}
 {% set LR = h.tensor([B, Hk, R], "f32") %}
@@ -45,7 +46,7 @@ func.func private @{{ func_name }}(%q: {{ Q }}, %k: {{ K }}, %v: {{ V }}{% if ma
   {{ a.prepared_mask("bias") }}
   {{ a.row_bias("bias") }}
 {% endif %}
-  {{ a.contraction("qk", "%qr", QR, dtype, "d0, d1, d2, d4", "%k", K, dtype, "d0, d1, d3, d4", PS) }}
+  {{ a.contraction("qk", "%qr", QR, dtype, "d0, d1, d2, d4", "%k", K, dtype, "d0, d1, d3, d4", [B, Hk, R, S], [a.b, "", a.r, a.s]) }}
 {% set ins_maps %}{{ h.map(4) }}{% if has_mask %}, {{ a.row_bias_map() }}{% endif %}{% endset %}
 {% set ins_vals %}%qk{% if has_mask %}, %bias_rows{% endif %}{% endset %}
 {% set ins_types %}{{ PS }}{% if has_mask %}, {{ a.row_bias_type() }}{% endif %}{% endset %}
@@ -57,7 +58,7 @@ func.func private @{{ func_name }}(%q: {{ Q }}, %k: {{ K }}, %v: {{ V }}{% if ma
     %x = arith.addf %ss, %zero : f32
 {% endif %}
 {% endmacro %}
-  %row_empty = tensor.empty() : {{ LR }}
+  %row_empty = {{ h.empty([B, Hk, R], "f32", [a.b, "", a.r]) }}
   %max0 = linalg.fill ins(%ninf : f32) outs(%row_empty : {{ LR }}) -> {{ LR }}
   %max = linalg.generic {indexing_maps = [{{ ins_maps }}, {{ h.map(4, [0, 1, 2]) }}], iterator_types = ["parallel", "parallel", "parallel", "reduction"]}
       ins({{ ins_vals }} : {{ ins_types }}) outs(%max0 : {{ LR }}) {
@@ -67,7 +68,7 @@ func.func private @{{ func_name }}(%q: {{ Q }}, %k: {{ K }}, %v: {{ V }}{% if ma
     linalg.yield %mn : f32
   } -> {{ LR }}
   {#- exp(x - max), 0 in a row whose every key is masked (max = -inf). #}
-  %ps_empty = tensor.empty() : {{ PS }}
+  %ps_empty = {{ h.empty([B, Hk, R, S], "f32", [a.b, "", a.r, a.s]) }}
   %p = linalg.generic {indexing_maps = [{{ ins_maps }}, {{ h.map(4, [0, 1, 2]) }}, {{ h.map(4) }}], iterator_types = {{ h.iterators(["parallel"] * 4) }}}
       ins({{ ins_vals }}, %max : {{ ins_types }}, {{ LR }}) outs(%ps_empty : {{ PS }}) {
   ^bb0(%s: f32{% if has_mask %}, %bi: f32{% endif %}, %m: f32, %unused: f32):
@@ -85,8 +86,8 @@ func.func private @{{ func_name }}(%q: {{ Q }}, %k: {{ K }}, %v: {{ V }}{% if ma
     %an = arith.addf %acc, %pi : f32
     linalg.yield %an : f32
   } -> {{ LR }}
-  {{ a.contraction("pv", "%p", PS, "f32", "d0, d1, d2, d4", "%v", V, dtype, "d0, d1, d4, d3", OF) }}
-  %or_empty = tensor.empty() : {{ OR }}
+  {{ a.contraction("pv", "%p", PS, "f32", "d0, d1, d2, d4", "%v", V, dtype, "d0, d1, d4, d3", [B, Hk, R, Dv], [a.b, "", a.r, ""]) }}
+  %or_empty = {{ h.empty([B, Hk, R, Dv], dtype, [a.b, "", a.r, ""]) }}
   %or = linalg.generic {indexing_maps = [{{ h.map(4) }}, {{ h.map(4, [0, 1, 2]) }}, {{ h.map(4) }}], iterator_types = {{ h.iterators(["parallel"] * 4) }}}
       ins(%pv, %sum : {{ OF }}, {{ LR }}) outs(%or_empty : {{ OR }}) {
   ^bb0(%acc: f32, %sm: f32, %unused: {{ dtype }}):
@@ -105,22 +106,22 @@ func.func private @{{ func_name }}(%q: {{ Q }}, %k: {{ K }}, %v: {{ V }}{% if ma
     %lse = arith.select %empty_row, %zero, %l : f32
     linalg.yield %lse : f32
   } -> {{ LR }}
-  %out5 = tensor.expand_shape %or [[0], [1], [2, 3], [4]] output_shape [{{ B }}, {{ Hk }}, {{ G }}, {{ L }}, {{ Dv }}] : {{ OR }} into {{ O5 }}
+  %out5 = tensor.expand_shape %or [[0], [1], [2, 3], [4]] output_shape {{ h.output_shape([B, Hk, G, L, Dv], [a.b, "", "", a.l, ""]) }} : {{ OR }} into {{ O5 }}
   %out = tensor.collapse_shape %out5 [[0], [1, 2], [3], [4]] : {{ O5 }} into {{ O }}
-  %lse4 = tensor.expand_shape %lser [[0], [1], [2, 3]] output_shape [{{ B }}, {{ Hk }}, {{ G }}, {{ L }}] : {{ LR }} into {{ ROW }}
+  %lse4 = tensor.expand_shape %lser [[0], [1], [2, 3]] output_shape {{ h.output_shape([B, Hk, G, L], [a.b, "", "", a.l]) }} : {{ LR }} into {{ ROW }}
   %lse = tensor.collapse_shape %lse4 [[0], [1, 2], [3]] : {{ ROW }} into {{ LSE }}
   return %out, %lse : {{ O }}, {{ LSE }}
 {% else %}
   %zero = arith.constant 0.0 : f32
   %lowest = arith.constant -3.40282347e+38 : f32
   %scale = arith.constant {{ "%.17e"|format(scale) }} : f32
-  %q5 = tensor.expand_shape %q [[0], [1, 2], [3], [4]] output_shape [{{ B }}, {{ Hk }}, {{ G }}, {{ L }}, {{ D }}] : {{ Q }} into {{ Q5 }}
+  %q5 = tensor.expand_shape %q [[0], [1, 2], [3], [4]] output_shape {{ h.output_shape([B, Hk, G, L, D], [a.b, "", "", a.l, ""]) }} : {{ Q }} into {{ Q5 }}
 {% if has_mask %}
   {{ a.prepared_mask("bias") }}
 {% endif %}
-  %acc_empty = tensor.empty() : {{ ACC }}
+  %acc_empty = {{ h.empty([B, Hk, G, L, Dv], "f32", [a.b, "", "", a.l, ""]) }}
   %acc0 = linalg.fill ins(%zero : f32) outs(%acc_empty : {{ ACC }}) -> {{ ACC }}
-  %row_empty = tensor.empty() : {{ ROW }}
+  %row_empty = {{ h.empty([B, Hk, G, L], "f32", [a.b, "", "", a.l]) }}
   %max0 = linalg.fill ins(%lowest : f32) outs(%row_empty : {{ ROW }}) -> {{ ROW }}
   %sum0 = linalg.fill ins(%zero : f32) outs(%row_empty : {{ ROW }}) -> {{ ROW }}
   {#- Generic syntax: the kernel is parsed where IREE's dialects are unknown. #}
@@ -141,7 +142,7 @@ func.func private @{{ func_name }}(%q: {{ Q }}, %k: {{ K }}, %v: {{ V }}{% if ma
   {#- A row that every key is masked from has sum 0: its output and log-sum-exp are 0, as
       eager's CPU kernel gives. The running max is kept in base 2 (IREE folds log2(e) into
       the scale), so the log-sum-exp is ln(2) * (max + log2(sum)). #}
-  %out_empty = tensor.empty() : {{ O5 }}
+  %out_empty = {{ h.empty([B, Hk, G, L, Dv], dtype, [a.b, "", "", a.l, ""]) }}
   %out5 = linalg.generic {indexing_maps = [{{ h.map(5) }}, {{ h.map(5, [0, 1, 2, 3]) }}, {{ h.map(5) }}], iterator_types = {{ h.iterators(["parallel"] * 5) }}}
       ins(%fa#0, %fa#2 : {{ ACC }}, {{ ROW }}) outs(%out_empty : {{ O5 }}) {
   ^bb0(%acc: f32, %sum: f32, %unused: {{ dtype }}):

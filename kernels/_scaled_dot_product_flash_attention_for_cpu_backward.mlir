@@ -2,13 +2,13 @@
       P = exp(q k^T * scale + mask - lse),  delta = rowsum(dO * O),
       dS = P * (dO v^T - delta) * scale,
       dq = dS k,  dk = dS^T q,  dv = P^T dO.
-    Params as the forward's. The query heads of a group share one key head: queries are
+    Params as the forward's (B, L and S may be dynamic). The query heads of a group share one key head: queries are
     viewed as [B, Hk, G * L, D] (row r is query row r mod L of head r floordiv L in the
     group), so the group's rows sum into dk and dv inside the contractions. -#}
 {% import "_helpers.mlir" as h with context %}
 {% import "_attention.mlir" as a with context %}
 {% set G = H // Hk %}
-{% set R = G * L %}
+{% set R = G * L if L is not none else none %}
 {% set has_mask = mask_shape is not none or is_causal %}
 {% set Q = h.tensor([B, H, L, D], dtype) %}
 {% set K = h.tensor([B, Hk, S, D], dtype) %}
@@ -25,13 +25,14 @@
 func.func private @{{ func_name }}(%do: {{ O }}, %q: {{ Q }}, %k: {{ K }}, %v: {{ V }}, %o: {{ O }}, %lse: {{ LSE }}{% if mask_shape is not none %}, %mask: {{ a.mask_type() }}{% endif %})
     -> ({{ Q }}, {{ K }}, {{ V }}) {{ h.identity({"scale": scale, "is_causal": is_causal, "heads": H, "kv_heads": Hk, "masked": mask_shape is not none}) }} {
   %zero = arith.constant 0.0 : f32
-{% if B * H * L == 0 %}
+{{ a.dims(Q, K) }}
+{% if 0 in [B, H, L] %}
   {#- No query rows: IREE 3.13 crashes on reductions over zero-size dims. dk and dv are 0. #}
   %zero_t = arith.constant 0.0 : {{ dtype }}
-  %dq = tensor.empty() : {{ Q }}
-  %dk_empty = tensor.empty() : {{ K }}
+  %dq = {{ h.empty([B, H, L, D], dtype, [a.b, "", a.l, ""]) }}
+  %dk_empty = {{ h.empty([B, Hk, S, D], dtype, [a.b, "", a.s, ""]) }}
   %dk = linalg.fill ins(%zero_t : {{ dtype }}) outs(%dk_empty : {{ K }}) -> {{ K }}
-  %dv_empty = tensor.empty() : {{ V }}
+  %dv_empty = {{ h.empty([B, Hk, S, Dv], dtype, [a.b, "", a.s, ""]) }}
   %dv = linalg.fill ins(%zero_t : {{ dtype }}) outs(%dv_empty : {{ V }}) -> {{ V }}
 {% else %}
   %scale = arith.constant {{ "%.17e"|format(scale) }} : f32
@@ -44,7 +45,7 @@ func.func private @{{ func_name }}(%do: {{ O }}, %q: {{ Q }}, %k: {{ K }}, %v: {
   {{ a.row_bias("bias") }}
 {% endif %}
   {#- delta = rowsum(dO * O) #}
-  %row_empty = tensor.empty() : {{ LR }}
+  %row_empty = {{ h.empty([B, Hk, R], "f32", [a.b, "", a.r]) }}
   %row_zero = linalg.fill ins(%zero : f32) outs(%row_empty : {{ LR }}) -> {{ LR }}
   %delta = linalg.generic {indexing_maps = [{{ h.map(4) }}, {{ h.map(4) }}, {{ h.map(4, [0, 1, 2]) }}], iterator_types = ["parallel", "parallel", "parallel", "reduction"]}
       ins(%dor, %or : {{ OR }}, {{ OR }}) outs(%row_zero : {{ LR }}) {
@@ -56,8 +57,8 @@ func.func private @{{ func_name }}(%do: {{ O }}, %q: {{ Q }}, %k: {{ K }}, %v: {
     linalg.yield %s : f32
   } -> {{ LR }}
   {#- P = exp(q k^T * scale + bias - lse), loops (b, hk, r, s, d) #}
-  {{ a.contraction("qk", "%qr", QR, dtype, "d0, d1, d2, d4", "%k", K, dtype, "d0, d1, d3, d4", PS) }}
-  %ps_empty = tensor.empty() : {{ PS }}
+  {{ a.contraction("qk", "%qr", QR, dtype, "d0, d1, d2, d4", "%k", K, dtype, "d0, d1, d3, d4", [B, Hk, R, S], [a.b, "", a.r, a.s]) }}
+  %ps_empty = {{ h.empty([B, Hk, R, S], "f32", [a.b, "", a.r, a.s]) }}
   %p = linalg.generic {indexing_maps = [{{ h.map(4) }}, {{ h.map(4, [0, 1, 2]) }}{% if has_mask %}, {{ a.row_bias_map() }}{% endif %}, {{ h.map(4) }}], iterator_types = {{ h.iterators(["parallel"] * 4) }}}
       ins(%qk, %lser{% if has_mask %}, %bias_rows{% endif %} : {{ PS }}, {{ LR }}{% if has_mask %}, {{ a.row_bias_type() }}{% endif %}) outs(%ps_empty : {{ PS }}) {
   ^bb0(%s: f32, %l: f32{% if has_mask %}, %bi: f32{% endif %}, %unused: f32):
@@ -72,9 +73,20 @@ func.func private @{{ func_name }}(%do: {{ O }}, %q: {{ Q }}, %k: {{ K }}, %v: {
     linalg.yield %e : f32
   } -> {{ PS }}
   {#- dS = P * (dO v^T - delta) * scale, loops (b, hk, r, s, e) #}
-  {{ a.contraction("dp", "%dor", OR, dtype, "d0, d1, d2, d4", "%v", V, dtype, "d0, d1, d3, d4", PS) }}
+  {{ a.contraction("dp", "%dor", OR, dtype, "d0, d1, d2, d4", "%v", V, dtype, "d0, d1, d3, d4", [B, Hk, R, S], [a.b, "", a.r, a.s]) }}
+{% set dp = "%dp" %}
+{% if none in [B, R, S] %}
+  {#- With dynamic sizes and data tiling, IREE 3.13 computes dS wrongly when it fuses the
+      elementwise op below with dP's contraction in the packed layout (query and key rows
+      not multiples of its tiles); the barrier keeps dP unpacked, the tie says its sizes. #}
+{% set ps_dims = [] %}
+{% for d, name in [(B, a.b), (R, a.r), (S, a.s)] %}{% if d is none %}{% set _ = ps_dims.append(name) %}{% endif %}{% endfor %}
+  %dp_barrier = "util.optimization_barrier"(%dp) : ({{ PS }}) -> {{ PS }}
+  %dp_tied = "flow.tensor.tie_shape"(%dp_barrier, {{ ps_dims|join(", ") }}) : ({{ PS }}{% for _ in ps_dims %}, index{% endfor %}) -> {{ PS }}
+{% set dp = "%dp_tied" %}
+{% endif %}
   %ds = linalg.generic {indexing_maps = [{{ h.map(4) }}, {{ h.map(4) }}, {{ h.map(4, [0, 1, 2]) }}, {{ h.map(4) }}], iterator_types = {{ h.iterators(["parallel"] * 4) }}}
-      ins(%p, %dp, %delta : {{ PS }}, {{ PS }}, {{ LR }}) outs(%ps_empty : {{ PS }}) {
+      ins(%p, {{ dp }}, %delta : {{ PS }}, {{ PS }}, {{ LR }}) outs(%ps_empty : {{ PS }}) {
   ^bb0(%pi: f32, %dpi: f32, %di: f32, %unused: f32):
     %t = arith.subf %dpi, %di : f32
     %u = arith.mulf %pi, %t : f32
@@ -82,15 +94,15 @@ func.func private @{{ func_name }}(%do: {{ O }}, %q: {{ Q }}, %k: {{ K }}, %v: {
     linalg.yield %w : f32
   } -> {{ PS }}
   {#- dv = P^T dO, loops (b, hk, s, e, r) #}
-  {{ a.contraction("dvf", "%p", PS, "f32", "d0, d1, d4, d2", "%dor", OR, dtype, "d0, d1, d4, d3", VF) }}
+  {{ a.contraction("dvf", "%p", PS, "f32", "d0, d1, d4, d2", "%dor", OR, dtype, "d0, d1, d4, d3", [B, Hk, S, Dv], [a.b, "", a.s, ""]) }}
   {#- dq = dS k, loops (b, hk, r, d, s) #}
-  {{ a.contraction("dqf", "%ds", PS, "f32", "d0, d1, d2, d4", "%k", K, dtype, "d0, d1, d4, d3", QF) }}
+  {{ a.contraction("dqf", "%ds", PS, "f32", "d0, d1, d2, d4", "%k", K, dtype, "d0, d1, d4, d3", [B, Hk, R, D], [a.b, "", a.r, ""]) }}
   {#- dk = dS^T q, loops (b, hk, s, d, r) #}
-  {{ a.contraction("dkf", "%ds", PS, "f32", "d0, d1, d4, d2", "%qr", QR, dtype, "d0, d1, d4, d3", KF) }}
-  {{ a.narrow("dqr", "%dqf", QF, QR) }}
-  {{ a.narrow("dk", "%dkf", KF, K) }}
-  {{ a.narrow("dv", "%dvf", VF, V) }}
-  %dq5 = tensor.expand_shape %dqr [[0], [1], [2, 3], [4]] output_shape [{{ B }}, {{ Hk }}, {{ G }}, {{ L }}, {{ D }}] : {{ QR }} into {{ h.tensor([B, Hk, G, L, D], dtype) }}
+  {{ a.contraction("dkf", "%ds", PS, "f32", "d0, d1, d4, d2", "%qr", QR, dtype, "d0, d1, d4, d3", [B, Hk, S, D], [a.b, "", a.s, ""]) }}
+  {{ a.narrow("dqr", "%dqf", QF, [B, Hk, R, D], [a.b, "", a.r, ""]) }}
+  {{ a.narrow("dk", "%dkf", KF, [B, Hk, S, D], [a.b, "", a.s, ""]) }}
+  {{ a.narrow("dv", "%dvf", VF, [B, Hk, S, Dv], [a.b, "", a.s, ""]) }}
+  %dq5 = tensor.expand_shape %dqr [[0], [1], [2, 3], [4]] output_shape {{ h.output_shape([B, Hk, G, L, D], [a.b, "", "", a.l, ""]) }} : {{ QR }} into {{ h.tensor([B, Hk, G, L, D], dtype) }}
   %dq = tensor.collapse_shape %dq5 [[0], [1, 2], [3], [4]] : {{ h.tensor([B, Hk, G, L, D], dtype) }} into {{ Q }}
 {% endif %}
   return %dq, %dk, %dv : {{ Q }}, {{ K }}, {{ V }}

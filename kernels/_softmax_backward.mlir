@@ -7,14 +7,16 @@
 {% import "_helpers.mlir" as h with context %}
 {% import "_softmax_layout.mlir" as L with context %}
 {% set SHAPE, X, Y, ROW, XMAP, RMAP, RED, PAR = L.SHAPE, L.X, L.Y, L.ROW, L.XMAP, L.RMAP, L.RED, L.PAR %}
+{% set SIZES, ROW_SHAPE, ROW_SIZES = L.SIZES, L.ROW_SHAPE, L.ROW_SIZES %}
 func.func private @{{ func_name }}(%g: {{ X }}, %y: {{ X }}) -> {{ Y }} {{ h.identity({"dim_size": N, "log": log, "out_dtype": out_dtype}) }} {
-{% if M * N * K == 0 %}
-  %out = tensor.empty() : {{ Y }}
+{{ L.sizes("%g") }}
+{% if 0 in [M, N, K] %}
+  %out = {{ h.empty(SHAPE, out_dtype, SIZES) }}
   return %out : {{ Y }}
 {% else %}
-  {% call h.dispatch_region("smb", ["%out"], [Y]) %}
+  {% call h.dispatch_region("smb", ["%out"], [Y], L.DIMS) %}
   %zero = arith.constant 0.0 : f32
-  %row_empty = tensor.empty() : {{ ROW }}
+  %row_empty = {{ h.empty(ROW_SHAPE, "f32", ROW_SIZES) }}
   %row_zero = linalg.fill ins(%zero : f32) outs(%row_empty : {{ ROW }}) -> {{ ROW }}
   %sum = linalg.generic {indexing_maps = [{{ XMAP }}, {{ XMAP }}, {{ RMAP }}], iterator_types = {{ RED }}}
       ins(%g, %y : {{ X }}, {{ X }}) outs(%row_zero : {{ ROW }}) {
@@ -29,7 +31,7 @@ func.func private @{{ func_name }}(%g: {{ X }}, %y: {{ X }}) -> {{ Y }} {{ h.ide
 {% endif %}
     linalg.yield %s1 : f32
   } -> {{ ROW }}
-  %out_empty = tensor.empty() : {{ Y }}
+  %out_empty = {{ h.empty(SHAPE, out_dtype, SIZES) }}
   %out = linalg.generic {indexing_maps = [{{ XMAP }}, {{ XMAP }}, {{ RMAP }}, {{ XMAP }}], iterator_types = {{ PAR }}}
       ins(%g, %y, %sum : {{ X }}, {{ X }}, {{ ROW }}) outs(%out_empty : {{ Y }}) {
   ^bb0(%gin: {{ dtype }}, %yin: {{ dtype }}, %s: f32, %unused: {{ out_dtype }}):

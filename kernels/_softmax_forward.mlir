@@ -5,16 +5,18 @@
 {% import "_helpers.mlir" as h with context %}
 {% import "_softmax_layout.mlir" as L with context %}
 {% set SHAPE, X, Y, ROW, XMAP, RMAP, RED, PAR = L.SHAPE, L.X, L.Y, L.ROW, L.XMAP, L.RMAP, L.RED, L.PAR %}
+{% set SIZES, ROW_SHAPE, ROW_SIZES = L.SIZES, L.ROW_SHAPE, L.ROW_SIZES %}
 func.func private @{{ func_name }}(%x: {{ X }}) -> {{ Y }} {{ h.identity({"dim_size": N, "log": log, "out_dtype": out_dtype}) }} {
-{% if M * N * K == 0 %}
+{{ L.sizes("%x") }}
+{% if 0 in [M, N, K] %}
   {#- Nothing to compute; IREE 3.13 crashes on reductions over zero rows. -#}
-  %out = tensor.empty() : {{ Y }}
+  %out = {{ h.empty(SHAPE, out_dtype, SIZES) }}
   return %out : {{ Y }}
 {% elif not log %}
   {#- IREE's own softmax op: it forms one dispatch and codegen knows it. #}
 {% set XF = h.tensor(SHAPE, "f32") %}
 {% if dtype != "f32" %}
-  %xf_empty = tensor.empty() : {{ XF }}
+  %xf_empty = {{ h.empty(SHAPE, "f32", SIZES) }}
   %xf = linalg.generic {indexing_maps = [{{ h.map(SHAPE|length) }}, {{ h.map(SHAPE|length) }}], iterator_types = {{ PAR }}}
       ins(%x : {{ X }}) outs(%xf_empty : {{ XF }}) {
   ^bb0(%xin: {{ dtype }}, %unused: f32):
@@ -22,10 +24,10 @@ func.func private @{{ func_name }}(%x: {{ X }}) -> {{ Y }} {{ h.identity({"dim_s
     linalg.yield %w : f32
   } -> {{ XF }}
 {% endif %}
-  %sm_empty = tensor.empty() : {{ XF }}
+  %sm_empty = {{ h.empty(SHAPE, "f32", SIZES) }}
   %sm = linalg.softmax dimension(1) ins({{ "%xf" if dtype != "f32" else "%x" }} : {{ XF }}) outs(%sm_empty : {{ XF }}) -> {{ XF }}
 {% if out_dtype != "f32" %}
-  %out_empty = tensor.empty() : {{ Y }}
+  %out_empty = {{ h.empty(SHAPE, out_dtype, SIZES) }}
   %out = linalg.generic {indexing_maps = [{{ h.map(SHAPE|length) }}, {{ h.map(SHAPE|length) }}], iterator_types = {{ PAR }}}
       ins(%sm : {{ XF }}) outs(%out_empty : {{ Y }}) {
   ^bb0(%v: f32, %unused: {{ out_dtype }}):
@@ -37,10 +39,10 @@ func.func private @{{ func_name }}(%x: {{ X }}) -> {{ Y }} {{ h.identity({"dim_s
   return %sm : {{ Y }}
 {% endif %}
 {% else %}
-  {% call h.dispatch_region("sm", ["%out"], [Y]) %}
+  {% call h.dispatch_region("sm", ["%out"], [Y], L.DIMS) %}
   %zero = arith.constant 0.0 : f32
   %neg_inf = arith.constant 0xFF800000 : f32
-  %row_empty = tensor.empty() : {{ ROW }}
+  %row_empty = {{ h.empty(ROW_SHAPE, "f32", ROW_SIZES) }}
   %row_zero = linalg.fill ins(%zero : f32) outs(%row_empty : {{ ROW }}) -> {{ ROW }}
   %row_low = linalg.fill ins(%neg_inf : f32) outs(%row_empty : {{ ROW }}) -> {{ ROW }}
   %max = linalg.generic {indexing_maps = [{{ XMAP }}, {{ RMAP }}], iterator_types = {{ RED }}}
@@ -59,7 +61,7 @@ func.func private @{{ func_name }}(%x: {{ X }}) -> {{ Y }} {{ h.identity({"dim_s
     %s1 = arith.addf %s, %e : f32
     linalg.yield %s1 : f32
   } -> {{ ROW }}
-  %out_empty = tensor.empty() : {{ Y }}
+  %out_empty = {{ h.empty(SHAPE, out_dtype, SIZES) }}
   %out = linalg.generic {indexing_maps = [{{ XMAP }}, {{ RMAP }}, {{ RMAP }}, {{ XMAP }}], iterator_types = {{ PAR }}}
       ins(%x, %max, %sum : {{ X }}, {{ ROW }}, {{ ROW }}) outs(%out_empty : {{ Y }}) {
   ^bb0(%xin: {{ dtype }}, %m: f32, %s: f32, %unused: {{ out_dtype }}):

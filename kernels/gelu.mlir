@@ -1,9 +1,15 @@
-{#- gelu(x, approximate) elementwise, any rank. Params: shape, dtype, approximate. -#}
+{#- gelu(x, approximate) elementwise, any rank. Params: shape (None for a
+    dynamic dim), dtype, approximate. -#}
 {% import "_helpers.mlir" as h with context %}
 {% set T = h.tensor(shape, dtype) %}
 {% set rank = shape|length %}
+{% set names = [] %}
+{% for d in shape %}{% set _ = names.append("%d" ~ loop.index0) %}{% endfor %}
 func.func private @{{ func_name }}(%x: {{ T }}) -> {{ T }} {{ h.identity({"approximate": approximate}) }} {
-  %empty = tensor.empty() : {{ T }}
+{% for i in range(rank) if shape[i] is none %}
+  {{ h.dim("d" ~ i, "%x", i, T) }}
+{% endfor %}
+  %empty = {{ h.empty(shape, dtype, names) }}
   %y = linalg.generic {indexing_maps = [{{ h.map(rank) }}, {{ h.map(rank) }}], iterator_types = {{ h.iterators(["parallel"] * rank) }}}
       ins(%x : {{ T }}) outs(%empty : {{ T }}) {
   ^bb0(%xin: {{ dtype }}, %unused: {{ dtype }}):

@@ -1,9 +1,15 @@
-{#- gelu_backward(grad, x, approximate) elementwise, any rank. Params: shape, dtype, approximate. -#}
+{#- gelu_backward(grad, x, approximate) elementwise, any rank. Params: shape (None for a
+    dynamic dim), dtype, approximate. -#}
 {% import "_helpers.mlir" as h with context %}
 {% set T = h.tensor(shape, dtype) %}
 {% set rank = shape|length %}
+{% set names = [] %}
+{% for d in shape %}{% set _ = names.append("%d" ~ loop.index0) %}{% endfor %}
 func.func private @{{ func_name }}(%grad: {{ T }}, %x: {{ T }}) -> {{ T }} {{ h.identity({"approximate": approximate}) }} {
-  %empty = tensor.empty() : {{ T }}
+{% for i in range(rank) if shape[i] is none %}
+  {{ h.dim("d" ~ i, "%grad", i, T) }}
+{% endfor %}
+  %empty = {{ h.empty(shape, dtype, names) }}
   %dx = linalg.generic {indexing_maps = [{{ h.map(rank) }}, {{ h.map(rank) }}, {{ h.map(rank) }}], iterator_types = {{ h.iterators(["parallel"] * rank) }}}
       ins(%grad, %x : {{ T }}, {{ T }}) outs(%empty : {{ T }}) {
   ^bb0(%gin: {{ dtype }}, %xin: {{ dtype }}, %unused: {{ dtype }}):

@@ -5,7 +5,7 @@
       train: dx = w * rstd * (g - A/cnt - (x - mean) * rstd^2 * B/cnt)
       eval:  dx = g * w * rstd
       dw = B * rstd,  db = A
-    Params: N, C, HW, dtype, train, eps, has_weight, stat_sizes (sizes of running_mean,
+    Params: N, C, HW (N and HW may be dynamic: None), dtype, train, eps, has_weight, stat_sizes (sizes of running_mean,
     running_var, save_mean, save_invstd; None when absent; the unused ones are ignored),
     output_mask. -#}
 {% import "_helpers.mlir" as h with context %}
@@ -13,6 +13,8 @@
 {% set V = h.tensor([C], dtype) %}
 {% set P = h.tensor([N, C], "f32") %}
 {% set COL = h.tensor([C], "f32") %}
+{#- SSA names of the dynamic sizes, by position in [N, C, HW]. -#}
+{% set sizes = ["%dim_n", "", "%dim_hw"] %}
 {% set stat_names = ["rm", "rv", "sm", "si"] %}
 {% set results = [] %}
 {% if output_mask[0] %}{% set _ = results.append(("dx", X)) %}{% endif %}
@@ -22,7 +24,13 @@
 func.func private @{{ func_name }}(%g: {{ X }}, %x: {{ X }}{% if has_weight %}, %w: {{ V }}{% endif %}{% for size in stat_sizes %}{% if size is not none %}, %{{ stat_names[loop.index0] }}: {{ h.tensor([size], dtype) }}{% endif %}{% endfor %})
     -> ({% for name, type in results %}{{ type }}{{ ", " if not loop.last }}{% endfor %}) {{ h.identity({"output_mask": output_mask, "train": train, "has_weight": has_weight}) }} {
   %zero = arith.constant 0.0 : f32
-  %cnt = arith.constant {{ "%.1f"|format(N * HW) }} : f32
+{% if N is none %}
+  {{ h.dim("dim_n", "%x", 0, X) }}
+{% endif %}
+{% if HW is none %}
+  {{ h.dim("dim_hw", "%x", 2, X) }}
+{% endif %}
+  {{ h.count("cnt", ["%dim_n" if N is none else N, "%dim_hw" if HW is none else HW]) }}
   %col_empty = tensor.empty() : {{ COL }}
   %col_zero = linalg.fill ins(%zero : f32) outs(%col_empty : {{ COL }}) -> {{ COL }}
 {% set m_src, r_src = ("sm", "si") if train else ("rm", "rv") %}
@@ -47,11 +55,19 @@ func.func private @{{ func_name }}(%g: {{ X }}, %x: {{ X }}{% if has_weight %}, 
 {% set P64 = h.tensor([N, C], "f64") %}
 {% set COL64 = h.tensor([C], "f64") %}
   %zero64 = arith.constant 0.0 : f64
-  %p_empty = tensor.empty() : {{ P64 }}
+  %p_empty = {{ h.empty([N, C], "f64", sizes) }}
   %p_zero = linalg.fill ins(%zero64 : f64) outs(%p_empty : {{ P64 }}) -> {{ P64 }}
+{% set p_zero2 = "%p_zero" %}
+{% if N is none or HW is none %}
+  {#- With dynamic sizes, two results of one reduction need inits of their own: IREE 3.13's GPU
+    bufferization fails on a shared one (a -0.0 fill, which CSE keeps apart). #}
+  %negzero64 = arith.constant -0.0 : f64
+  %p_zero2 = linalg.fill ins(%negzero64 : f64) outs(%p_empty : {{ P64 }}) -> {{ P64 }}
+{% set p_zero2 = "%p_zero2" %}
+{% endif %}
   %ab:2 = linalg.generic {indexing_maps = [{{ h.map(3) }}, {{ h.map(3) }}, {{ h.map(3, [1]) }}, {{ h.map(3, [0, 1]) }}, {{ h.map(3, [0, 1]) }}],
                           iterator_types = ["parallel", "parallel", "reduction"]}
-      ins(%g, %x, %mr#0 : {{ X }}, {{ X }}, {{ COL }}) outs(%p_zero, %p_zero : {{ P64 }}, {{ P64 }}) {
+      ins(%g, %x, %mr#0 : {{ X }}, {{ X }}, {{ COL }}) outs(%p_zero, {{ p_zero2 }} : {{ P64 }}, {{ P64 }}) {
   ^bb0(%gin: {{ dtype }}, %xin: {{ dtype }}, %mu: f32, %a: f64, %b: f64):
     {{ h.to_f32("gf", "gin", dtype) }}
     {{ h.to_f32("xf", "xin", dtype) }}
@@ -106,7 +122,7 @@ func.func private @{{ func_name }}(%g: {{ X }}, %x: {{ X }}{% if has_weight %}, 
 {% endif %}
     linalg.yield %k1, %k2, %k3 : f32, f32, f32
   } -> ({{ COL }}, {{ COL }}, {{ COL }})
-  %dx_empty = tensor.empty() : {{ X }}
+  %dx_empty = {{ h.empty([N, C, HW], dtype, sizes) }}
   %dx = linalg.generic {indexing_maps = [{{ h.map(3) }}{% if train %}, {{ h.map(3) }}, {{ h.map(3, [1]) }}{% endif %}{% for i in range(3 if train else 1) %}, {{ h.map(3, [1]) }}{% endfor %}, {{ h.map(3) }}],
                         iterator_types = ["parallel", "parallel", "parallel"]}
       ins(%g{% if train %}, %x, %mr#0{% endif %}, %k#0{% if train %}, %k#1, %k#2{% endif %} : {{ X }}{% if train %}, {{ X }}, {{ COL }}{% endif %}, {{ COL }}{% if train %}, {{ COL }}, {{ COL }}{% endif %})

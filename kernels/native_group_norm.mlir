@@ -1,11 +1,12 @@
 {#- native_group_norm on x[N, C, HW], viewed as [N, G, D = C/G, HW], normalized over (D, HW).
-    Params: N, C, HW, G, eps, dtype, stat_dtype, has_weight, has_bias.
+    Params: N, C, HW, G, eps, dtype, stat_dtype, has_weight, has_bias. N and HW may be dynamic
+    (None), read from x as %dim_n and %dim_hw.
     Group statistics in two passes (mean, then deviations from it), then the output with the
     per-channel weight and bias; f32 throughout. -#}
 {% import "_helpers.mlir" as h with context %}
 {#- %name : [N, G] of stat_dtype from the f32 `value`. -#}
 {% macro stat_out(name, value, ROW, STAT, stat_dtype) -%}
-%{{ name }}_empty = tensor.empty() : {{ STAT }}
+%{{ name }}_empty = {{ h.empty([N, G], stat_dtype, sizes) }}
   %{{ name }} = linalg.generic {indexing_maps = [{{ h.map(2) }}, {{ h.map(2) }}], iterator_types = ["parallel", "parallel"]}
       ins({{ value }} : {{ ROW }}) outs(%{{ name }}_empty : {{ STAT }}) {
   ^bb0(%{{ name }}_in: f32, %{{ name }}_unused: {{ stat_dtype }}):
@@ -21,27 +22,38 @@
 {% set ROW = h.tensor([N, G], "f32") %}
 {% set STAT = h.tensor([N, G], stat_dtype) %}
 {% set RED = '["parallel", "parallel", "reduction", "reduction"]' %}
+{#- SSA names of the dynamic sizes, by position in [N, G, D, HW] (and its prefixes). -#}
+{% set sizes = ["%dim_n", "", "", "%dim_hw"] %}
+{% set X_SIZES = ["%dim_n", "", "%dim_hw"] %}
 func.func private @{{ func_name }}(%x: {{ X }}{% if has_weight %}, %w: {{ V }}{% endif %}{% if has_bias %}, %b: {{ V }}{% endif %})
     -> ({{ X }}, {{ STAT }}, {{ STAT }}) {{ h.identity({"eps": eps, "groups": G, "has_weight": has_weight, "has_bias": has_bias}) }} {
+{% if N is none %}
+  {{ h.dim("dim_n", "%x", 0, X) }}
+{% endif %}
+{% if HW is none %}
+  {{ h.dim("dim_hw", "%x", 2, X) }}
+{% endif %}
 {% if N == 0 %}
   {#- An empty batch: IREE 3.13 crashes on reductions over zero rows, so say it directly. #}
-  %out = tensor.empty() : {{ X }}
-  %mean_out = tensor.empty() : {{ STAT }}
-  %rstd_out = tensor.empty() : {{ STAT }}
+  %out = {{ h.empty([N, C, HW], dtype, X_SIZES) }}
+  %mean_out = {{ h.empty([N, G], stat_dtype, sizes) }}
+  %rstd_out = {{ h.empty([N, G], stat_dtype, sizes) }}
   return %out, %mean_out, %rstd_out : {{ X }}, {{ STAT }}, {{ STAT }}
 {% else %}
-  %x4 = tensor.expand_shape %x [[0], [1, 2], [3]] output_shape [{{ N }}, {{ G }}, {{ D }}, {{ HW }}] : {{ X }} into {{ X4 }}
+  %x4 = tensor.expand_shape %x [[0], [1, 2], [3]] output_shape {{ h.output_shape([N, G, D, HW], sizes) }} : {{ X }} into {{ X4 }}
 {% if has_weight %}
   %w2 = tensor.expand_shape %w [[0, 1]] output_shape [{{ G }}, {{ D }}] : {{ V }} into {{ V2 }}
 {% endif %}
 {% if has_bias %}
   %b2 = tensor.expand_shape %b [[0, 1]] output_shape [{{ G }}, {{ D }}] : {{ V }} into {{ V2 }}
 {% endif %}
-  {% call h.dispatch_region("gn", ["%out", "%mean_out", "%rstd_out"], [X4, STAT, STAT]) %}
+{% set dims = [] %}
+{% for shape in [[N, G, D, HW], [N, G], [N, G]] %}{% for d in shape %}{% if d is none %}{% set _ = dims.append(sizes[loop.index0]) %}{% endif %}{% endfor %}{% endfor %}
+  {% call h.dispatch_region("gn", ["%out", "%mean_out", "%rstd_out"], [X4, STAT, STAT], dims) %}
   %zero = arith.constant 0.0 : f32
-  %n = arith.constant {{ "%.1f"|format(D * HW) }} : f32
+  {{ h.count("n", [D, "%dim_hw" if HW is none else HW]) }}
   %eps = arith.constant {{ "%.17e"|format(eps) }} : f32
-  %row_empty = tensor.empty() : {{ ROW }}
+  %row_empty = {{ h.empty([N, G], "f32", sizes) }}
   %row_zero = linalg.fill ins(%zero : f32) outs(%row_empty : {{ ROW }}) -> {{ ROW }}
   %sum = linalg.generic {indexing_maps = [{{ h.map(4) }}, {{ h.map(4, [0, 1]) }}], iterator_types = {{ RED }}}
       ins(%x4 : {{ X4 }}) outs(%row_zero : {{ ROW }}) {
@@ -83,7 +95,7 @@ func.func private @{{ func_name }}(%x: {{ X }}{% if has_weight %}, %w: {{ V }}{%
     %rstd = math.rsqrt %vare : f32
     linalg.yield %mean, %rstd : f32, f32
   } -> ({{ ROW }}, {{ ROW }})
-  %out_empty = tensor.empty() : {{ X4 }}
+  %out_empty = {{ h.empty([N, G, D, HW], dtype, sizes) }}
   %out = linalg.generic {indexing_maps = [{{ h.map(4) }}, {{ h.map(4, [0, 1]) }}, {{ h.map(4, [0, 1]) }}{% if has_weight %}, {{ h.map(4, [1, 2]) }}{% endif %}{% if has_bias %}, {{ h.map(4, [1, 2]) }}{% endif %}, {{ h.map(4) }}],
                          iterator_types = ["parallel", "parallel", "parallel", "parallel"]}
       ins(%x4, %stats#0, %stats#1{% if has_weight %}, %w2{% endif %}{% if has_bias %}, %b2{% endif %} : {{ X4 }}, {{ ROW }}, {{ ROW }}{% if has_weight %}, {{ V2 }}{% endif %}{% if has_bias %}, {{ V2 }}{% endif %})

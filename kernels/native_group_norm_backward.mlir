@@ -4,7 +4,8 @@
     then, with K = D * HW and w = 1 when absent:
       dx = rstd * (g*w - S1/K - (x - mean) * rstd^2 * S2/K),  S1 = sum_d w*A,  S2 = sum_d w*B
       dw = sum_n B * rstd,  db = sum_n A
-    Params: N, C, HW, G, dtype, stat_dtype, has_weight, output_mask. -#}
+    Params: N, C, HW, G, dtype, stat_dtype, has_weight, output_mask. N and HW may be dynamic
+    (None), read from x as %dim_n and %dim_hw. -#}
 {% import "_helpers.mlir" as h with context %}
 {% set D = C // G %}
 {% set X = h.tensor([N, C, HW], dtype) %}
@@ -15,6 +16,9 @@
 {% set ROW = h.tensor([N, G], "f32") %}
 {% set NC = h.tensor([N, G, D], "f32") %}
 {% set STAT = h.tensor([N, G], stat_dtype) %}
+{#- SSA names of the dynamic sizes, by position in [N, G, D, HW] (and its prefixes). -#}
+{% set sizes = ["%dim_n", "", "", "%dim_hw"] %}
+{% set X_SIZES = ["%dim_n", "", "%dim_hw"] %}
 {% set results = [] %}
 {% if output_mask[0] %}{% set _ = results.append(("dx", X)) %}{% endif %}
 {% if output_mask[1] %}{% set _ = results.append(("dw", V)) %}{% endif %}
@@ -22,21 +26,27 @@
 func.func private @{{ func_name }}(%g: {{ X }}, %x: {{ X }}, %mean: {{ STAT }}, %rstd: {{ STAT }}{% if has_weight %}, %w: {{ V }}{% endif %})
     -> ({% for name, type in results %}{{ type }}{{ ", " if not loop.last }}{% endfor %}) {{ h.identity({"output_mask": output_mask, "groups": G, "has_weight": has_weight}) }} {
   %zero = arith.constant 0.0 : f32
+{% if N is none %}
+  {{ h.dim("dim_n", "%x", 0, X) }}
+{% endif %}
+{% if HW is none %}
+  {{ h.dim("dim_hw", "%x", 2, X) }}
+{% endif %}
 {% if N == 0 %}
   {#- An empty batch: IREE 3.13 crashes on reductions over zero rows, so say it directly. #}
-  %dx = tensor.empty() : {{ X }}
+  %dx = {{ h.empty([N, C, HW], dtype, X_SIZES) }}
   %zero_t = arith.constant 0.0 : {{ dtype }}
   %col_empty = tensor.empty() : {{ V }}
   %dw = linalg.fill ins(%zero_t : {{ dtype }}) outs(%col_empty : {{ V }}) -> {{ V }}
   %db = linalg.fill ins(%zero_t : {{ dtype }}) outs(%col_empty : {{ V }}) -> {{ V }}
 {% else %}
-  %k = arith.constant {{ "%.1f"|format(D * HW) }} : f32
-  %g4 = tensor.expand_shape %g [[0], [1, 2], [3]] output_shape [{{ N }}, {{ G }}, {{ D }}, {{ HW }}] : {{ X }} into {{ X4 }}
-  %x4 = tensor.expand_shape %x [[0], [1, 2], [3]] output_shape [{{ N }}, {{ G }}, {{ D }}, {{ HW }}] : {{ X }} into {{ X4 }}
+  {{ h.count("k", [D, "%dim_hw" if HW is none else HW]) }}
+  %g4 = tensor.expand_shape %g [[0], [1, 2], [3]] output_shape {{ h.output_shape([N, G, D, HW], sizes) }} : {{ X }} into {{ X4 }}
+  %x4 = tensor.expand_shape %x [[0], [1, 2], [3]] output_shape {{ h.output_shape([N, G, D, HW], sizes) }} : {{ X }} into {{ X4 }}
 {% if has_weight %}
   %w2 = tensor.expand_shape %w [[0, 1]] output_shape [{{ G }}, {{ D }}] : {{ V }} into {{ V2 }}
 {% endif %}
-  %row_empty = tensor.empty() : {{ ROW }}
+  %row_empty = {{ h.empty([N, G], "f32", sizes) }}
   %mean_f = linalg.generic {indexing_maps = [{{ h.map(2) }}, {{ h.map(2) }}], iterator_types = ["parallel", "parallel"]}
       ins(%mean : {{ STAT }}) outs(%row_empty : {{ ROW }}) {
   ^bb0(%in: {{ stat_dtype }}, %unused: f32):
@@ -49,18 +59,26 @@ func.func private @{{ func_name }}(%g: {{ X }}, %x: {{ X }}, %mean: {{ STAT }}, 
     {{ h.to_f32("f", "in", stat_dtype) }}
     linalg.yield {{ h.f32ref("f", "in", stat_dtype) }} : f32
   } -> {{ ROW }}
-  %nc_empty = tensor.empty() : {{ NC }}
+  %nc_empty = {{ h.empty([N, G, D], "f32", sizes) }}
   {#- The sums accumulate in f64: a plain f32 sum over thousands of terms that cancel loses
       about log2(HW) bits of dweight and dbias (1.4e-5 relative at 4097 terms, where eager's
       cascade sum keeps 7e-7). The pass is memory bound, so f64 adds cost little; compensated
       (Kahan) f32 sums made the whole kernel 1.4x slower. #}
 {% set NC64 = h.tensor([N, G, D], "f64") %}
   %zero64 = arith.constant 0.0 : f64
-  %nc64_empty = tensor.empty() : {{ NC64 }}
+  %nc64_empty = {{ h.empty([N, G, D], "f64", sizes) }}
   %nc64_zero = linalg.fill ins(%zero64 : f64) outs(%nc64_empty : {{ NC64 }}) -> {{ NC64 }}
+{% set nc64_zero2 = "%nc64_zero" %}
+{% if N is none or HW is none %}
+  {#- With dynamic sizes, two results of one reduction need inits of their own: IREE 3.13's GPU
+    bufferization fails on a shared one (a -0.0 fill, which CSE keeps apart). #}
+  %negzero64 = arith.constant -0.0 : f64
+  %nc64_zero2 = linalg.fill ins(%negzero64 : f64) outs(%nc64_empty : {{ NC64 }}) -> {{ NC64 }}
+{% set nc64_zero2 = "%nc64_zero2" %}
+{% endif %}
   %ab64:2 = linalg.generic {indexing_maps = [{{ h.map(4) }}, {{ h.map(4) }}, {{ h.map(4, [0, 1]) }}, {{ h.map(4, [0, 1, 2]) }}, {{ h.map(4, [0, 1, 2]) }}],
                             iterator_types = ["parallel", "parallel", "parallel", "reduction"]}
-      ins(%g4, %x4, %mean_f : {{ X4 }}, {{ X4 }}, {{ ROW }}) outs(%nc64_zero, %nc64_zero : {{ NC64 }}, {{ NC64 }}) {
+      ins(%g4, %x4, %mean_f : {{ X4 }}, {{ X4 }}, {{ ROW }}) outs(%nc64_zero, {{ nc64_zero2 }} : {{ NC64 }}, {{ NC64 }}) {
   ^bb0(%gin: {{ dtype }}, %xin: {{ dtype }}, %mu: f32, %a: f64, %b: f64):
     {{ h.to_f32("gf", "gin", dtype) }}
     {{ h.to_f32("xf", "xin", dtype) }}
@@ -82,9 +100,15 @@ func.func private @{{ func_name }}(%g: {{ X }}, %x: {{ X }}, %mean: {{ STAT }}, 
   } -> ({{ NC }}, {{ NC }})
 {% if output_mask[0] %}
   %row_zero = linalg.fill ins(%zero : f32) outs(%row_empty : {{ ROW }}) -> {{ ROW }}
+{% set row_zero2 = "%row_zero" %}
+{% if N is none %}
+  %negzero = arith.constant -0.0 : f32
+  %row_zero2 = linalg.fill ins(%negzero : f32) outs(%row_empty : {{ ROW }}) -> {{ ROW }}
+{% set row_zero2 = "%row_zero2" %}
+{% endif %}
   %s:2 = linalg.generic {indexing_maps = [{{ h.map(3) }}, {{ h.map(3) }}{% if has_weight %}, {{ h.map(3, [1, 2]) }}{% endif %}, {{ h.map(3, [0, 1]) }}, {{ h.map(3, [0, 1]) }}],
                          iterator_types = ["parallel", "parallel", "reduction"]}
-      ins(%ab#0, %ab#1{% if has_weight %}, %w2{% endif %} : {{ NC }}, {{ NC }}{% if has_weight %}, {{ V2 }}{% endif %}) outs(%row_zero, %row_zero : {{ ROW }}, {{ ROW }}) {
+      ins(%ab#0, %ab#1{% if has_weight %}, %w2{% endif %} : {{ NC }}, {{ NC }}{% if has_weight %}, {{ V2 }}{% endif %}) outs(%row_zero, {{ row_zero2 }} : {{ ROW }}, {{ ROW }}) {
   ^bb0(%a: f32, %b: f32{% if has_weight %}, %win: {{ dtype }}{% endif %}, %s1: f32, %s2: f32):
 {% if has_weight %}
     {{ h.to_f32("wf", "win", dtype) }}
@@ -98,7 +122,7 @@ func.func private @{{ func_name }}(%g: {{ X }}, %x: {{ X }}, %mean: {{ STAT }}, 
 {% endif %}
     linalg.yield %s1n, %s2n : f32, f32
   } -> ({{ ROW }}, {{ ROW }})
-  %dx_empty = tensor.empty() : {{ X4 }}
+  %dx_empty = {{ h.empty([N, G, D, HW], dtype, sizes) }}
   %dx4 = linalg.generic {indexing_maps = [{{ h.map(4) }}, {{ h.map(4) }}, {{ h.map(4, [0, 1]) }}, {{ h.map(4, [0, 1]) }}{% if has_weight %}, {{ h.map(4, [1, 2]) }}{% endif %}, {{ h.map(4, [0, 1]) }}, {{ h.map(4, [0, 1]) }}, {{ h.map(4) }}],
                          iterator_types = ["parallel", "parallel", "parallel", "parallel"]}
       ins(%g4, %x4, %mean_f, %rstd_f{% if has_weight %}, %w2{% endif %}, %s#0, %s#1 : {{ X4 }}, {{ X4 }}, {{ ROW }}, {{ ROW }}{% if has_weight %}, {{ V2 }}{% endif %}, {{ ROW }}, {{ ROW }})

@@ -1,4 +1,5 @@
-{#- native_layer_norm on x[M, N] over N. Params: M, N, eps, dtype, stat_dtype, has_weight, has_bias.
+{#- native_layer_norm on x[M, N] over N. Params: M (None when dynamic), N, eps, dtype,
+    stat_dtype, has_weight, has_bias.
     Row statistics in two passes (mean, then deviations from it), then the output; f32
     throughout. -#}
 {% import "_helpers.mlir" as h with context %}
@@ -6,6 +7,9 @@
 {% set V = h.tensor([N], dtype) %}
 {% set ROW = h.tensor([M], "f32") %}
 {% set STAT = h.tensor([M, 1], stat_dtype) %}
+{#- M's SSA value when it is dynamic, and the results' dynamic dims. -#}
+{% set m = "%dim_m" %}
+{% set dims = [] if M is not none else [m, m, m] %}
 func.func private @{{ func_name }}(%x: {{ X }}{% if has_weight %}, %w: {{ V }}{% endif %}{% if has_bias %}, %b: {{ V }}{% endif %})
     -> ({{ X }}, {{ STAT }}, {{ STAT }}) {{ h.identity({"eps": eps, "normalized_size": N, "has_weight": has_weight, "has_bias": has_bias}) }} {
 {% if M == 0 %}
@@ -14,11 +18,14 @@ func.func private @{{ func_name }}(%x: {{ X }}{% if has_weight %}, %w: {{ V }}{%
   %mean_out = tensor.empty() : {{ STAT }}
   %rstd_out = tensor.empty() : {{ STAT }}
 {% else %}
-  {% call h.dispatch_region("ln", ["%out", "%mean_out", "%rstd_out"], [X, STAT, STAT]) %}
+{% if M is none %}
+  {{ h.dim(m[1:], "%x", 0, X) }}
+{% endif %}
+  {% call h.dispatch_region("ln", ["%out", "%mean_out", "%rstd_out"], [X, STAT, STAT], dims) %}
   %zero = arith.constant 0.0 : f32
   %n = arith.constant {{ "%.1f"|format(N) }} : f32
   %eps = arith.constant {{ "%.17e"|format(eps) }} : f32
-  %row_empty = tensor.empty() : {{ ROW }}
+  %row_empty = {{ h.empty([M], "f32", [m]) }}
   %row_zero = linalg.fill ins(%zero : f32) outs(%row_empty : {{ ROW }}) -> {{ ROW }}
   %sum = linalg.generic {indexing_maps = [{{ h.map(2) }}, {{ h.map(2, [0]) }}], iterator_types = ["parallel", "reduction"]}
       ins(%x : {{ X }}) outs(%row_zero : {{ ROW }}) {
@@ -60,7 +67,7 @@ func.func private @{{ func_name }}(%x: {{ X }}{% if has_weight %}, %w: {{ V }}{%
     %rstd = math.rsqrt %vare : f32
     linalg.yield %mean, %rstd : f32, f32
   } -> ({{ ROW }}, {{ ROW }})
-  %out_empty = tensor.empty() : {{ X }}
+  %out_empty = {{ h.empty([M, N], dtype, [m]) }}
   %out = linalg.generic {indexing_maps = [{{ h.map(2) }}, {{ h.map(2, [0]) }}, {{ h.map(2, [0]) }}{% if has_weight %}, {{ h.map(2, [1]) }}{% endif %}{% if has_bias %}, {{ h.map(2, [1]) }}{% endif %}, {{ h.map(2) }}],
                          iterator_types = ["parallel", "parallel"]}
       ins(%x, %stats#0, %stats#1{% if has_weight %}, %w{% endif %}{% if has_bias %}, %b{% endif %} : {{ X }}, {{ ROW }}, {{ ROW }}{% if has_weight %}, {{ V }}{% endif %}{% if has_bias %}, {{ V }}{% endif %})
@@ -83,8 +90,8 @@ func.func private @{{ func_name }}(%x: {{ X }}{% if has_weight %}, %w: {{ V }}{%
     {{ h.from_f32("yn", y, dtype) }}
     linalg.yield {{ h.narrowref("yn", y, dtype) }} : {{ dtype }}
   } -> {{ X }}
-  {{ h.row_stat("mean_out", "%stats#0", M, stat_dtype) }}
-  {{ h.row_stat("rstd_out", "%stats#1", M, stat_dtype) }}
+  {{ h.row_stat("mean_out", "%stats#0", M, stat_dtype, m) }}
+  {{ h.row_stat("rstd_out", "%stats#1", M, stat_dtype, m) }}
   {% endcall %}
 
   return %ln#0, %ln#1, %ln#2 : {{ X }}, {{ STAT }}, {{ STAT }}

@@ -1,8 +1,11 @@
 {#- native_layer_norm_backward on x[M, N] over N, computing only what output_mask asks:
       dx = rstd * (g*w - mean_j(g*w) - xhat * mean_j(g*w*xhat)),  xhat = (x - mean) * rstd
       dw = sum_i g * xhat,  db = sum_i g
-    Params: M, N, dtype, stat_dtype, has_weight, has_bias, output_mask, blocks, target.
-    The column sums are split into `blocks` row blocks summed in parallel, then added.
+    Params: M (None when dynamic), N, dtype, stat_dtype, has_weight, has_bias, output_mask,
+    blocks, target.
+    The column sums are split into `blocks` row blocks summed in parallel, then added. With a
+    dynamic M the blocks take M // blocks rows each, and the rest (fewer than `blocks` rows)
+    is summed on its own into the column sums' initial value.
     On the CPU, when dx and a column sum are both asked for (and N <= 4096), one dispatch
     reads each row of g and x once from memory: per row, its two sums, then (the row still
     in L1) dx and the block's column partial sums. Otherwise the row sums and dx are one
@@ -12,7 +15,9 @@
 {% set V = h.tensor([N], dtype) %}
 {% set ROW = h.tensor([M], "f32") %}
 {% set STAT = h.tensor([M, 1], stat_dtype) %}
-{% set R = M // blocks %}
+{% set R = M // blocks if M is not none else none %}
+{#- M's SSA value when it is dynamic; the rows of a block and the rows left over. -#}
+{% set m = "%dim_m" %}
 {% set B3 = h.tensor([blocks, R, N], dtype) %}
 {% set BR = h.tensor([blocks, R], "f32") %}
 {% set P = h.tensor([blocks, N], "f32") %}
@@ -26,7 +31,7 @@
 {% if output_mask[2] %}{% set _ = cols.append("b") %}{% endif %}
 {#- Past N = 4096, IREE 3.13 writes one accumulator's initial value as one vector of N
     elements, longer than it allows; such rows take the two-dispatch path. -#}
-{% set one_pass = output_mask[0] and cols and target == "llvm-cpu" and N <= 4096 %}
+{% set one_pass = output_mask[0] and cols and target == "llvm-cpu" and N <= 4096 and M is not none %}
 {% set gw = "gw" if has_weight else h.f32ref("gf", "gin", dtype)[1:] %}
 {#- Body pieces shared by the ops below: f32 g and x, xhat, g*w; then the row sums; then dx
     from the row sums %s1, %s2. -#}
@@ -46,6 +51,21 @@
     %p = arith.mulf %{{ gw }}, %xhat : f32
     %s2n = arith.addf %s2, %p : f32
     linalg.yield %s1n, %s2n : f32, f32
+{%- endmacro %}
+{#- The column partial sums' body: g * xhat into %pw, g into %pb. #}
+{% macro col_body() %}
+    {{ h.to_f32("gf", "gin", dtype) }}
+{% if "w" in cols %}
+    {{ h.to_f32("xf", "xin", dtype) }}
+    %c = arith.subf {{ h.f32ref("xf", "xin", dtype) }}, %mu : f32
+    %xhat = arith.mulf %c, %rs : f32
+    %gx = arith.mulf {{ h.f32ref("gf", "gin", dtype) }}, %xhat : f32
+    %pwn = arith.addf %pw, %gx : f32
+{% endif %}
+{% if "b" in cols %}
+    %pbn = arith.addf %pb, {{ h.f32ref("gf", "gin", dtype) }} : f32
+{% endif %}
+    linalg.yield {% for c in cols %}%p{{ c }}n{{ ", " if not loop.last }}{% endfor %} : {% for c in cols %}f32{{ ", " if not loop.last }}{% endfor %}{{ "" }}
 {%- endmacro %}
 {% macro dx_body() -%}
 {{ xhat_gw() }}
@@ -69,8 +89,11 @@ func.func private @{{ func_name }}(%g: {{ X }}, %x: {{ X }}, %mean: {{ STAT }}, 
   %db = linalg.fill ins(%zero_t : {{ dtype }}) outs(%col_empty : {{ V }}) -> {{ V }}
 {% else %}
   %n = arith.constant {{ "%.1f"|format(N) }} : f32
-  {{ h.row_f32("mean_f", "%mean", M, stat_dtype) }}
-  {{ h.row_f32("rstd_f", "%rstd", M, stat_dtype) }}
+{% if M is none %}
+  {{ h.dim(m[1:], "%x", 0, X) }}
+{% endif %}
+  {{ h.row_f32("mean_f", "%mean", M, stat_dtype, m) }}
+  {{ h.row_f32("rstd_f", "%rstd", M, stat_dtype, m) }}
 {% if one_pass %}
   {# One dispatch over [blocks, R, N], one block per workgroup. %sums (the row sums) is
       fused into the loop over the block's rows of %parts (dx and the column partials): the
@@ -128,7 +151,7 @@ func.func private @{{ func_name }}(%g: {{ X }}, %x: {{ X }}, %mean: {{ STAT }}, 
   %dx = tensor.collapse_shape %one#0 [[0, 1], [2]] : {{ B3 }} into {{ X }}
 {% else %}
 {% if output_mask[0] %}
-  %row_empty = tensor.empty() : {{ ROW }}
+  %row_empty = {{ h.empty([M], "f32", [m]) }}
   %row_zero = linalg.fill ins(%zero : f32) outs(%row_empty : {{ ROW }}) -> {{ ROW }}
   %sums:2 = linalg.generic {indexing_maps = [{{ h.map(2) }}, {{ h.map(2) }}, {{ h.map(2, [0]) }}, {{ h.map(2, [0]) }}{% if has_weight %}, {{ h.map(2, [1]) }}{% endif %}, {{ h.map(2, [0]) }}, {{ h.map(2, [0]) }}],
                             iterator_types = ["parallel", "reduction"]}
@@ -137,7 +160,7 @@ func.func private @{{ func_name }}(%g: {{ X }}, %x: {{ X }}, %mean: {{ STAT }}, 
   ^bb0(%gin: {{ dtype }}, %xin: {{ dtype }}, %mu: f32, %rs: f32{% if has_weight %}, %win: {{ dtype }}{% endif %}, %s1: f32, %s2: f32):
 {{ row_sums_body() }}
   } -> ({{ ROW }}, {{ ROW }})
-  %dx_empty = tensor.empty() : {{ X }}
+  %dx_empty = {{ h.empty([M, N], dtype, [m]) }}
   %dx = linalg.generic {indexing_maps = [{{ h.map(2) }}, {{ h.map(2) }}, {{ h.map(2, [0]) }}, {{ h.map(2, [0]) }}{% if has_weight %}, {{ h.map(2, [1]) }}{% endif %}, {{ h.map(2, [0]) }}, {{ h.map(2, [0]) }}, {{ h.map(2) }}],
                         iterator_types = ["parallel", "parallel"]}
       ins(%g, %x, %mean_f, %rstd_f{% if has_weight %}, %w{% endif %}, %sums#0, %sums#1 : {{ X }}, {{ X }}, {{ ROW }}, {{ ROW }}{% if has_weight %}, {{ V }}{% endif %}, {{ ROW }}, {{ ROW }})
@@ -151,11 +174,35 @@ func.func private @{{ func_name }}(%g: {{ X }}, %x: {{ X }}, %mean: {{ STAT }}, 
   {#- A barrier keeps IREE from fusing the producer of %g (often an activation's backward)
       into this column reduction, where it would run once per strided element; it is
       cheaper to materialize it. #}
+{% if M is none %}
+  %g_barrier = "util.optimization_barrier"(%g) : ({{ X }}) -> {{ X }}
+  {#- The barrier hides %g's size from IREE; the tie says it again. #}
+  %g_cols = "flow.tensor.tie_shape"(%g_barrier, %dim_m) : ({{ X }}, index) -> {{ X }}
+{% else %}
   %g_cols = "util.optimization_barrier"(%g) : ({{ X }}) -> {{ X }}
-  %g3 = tensor.expand_shape %g_cols [[0, 1], [2]] output_shape [{{ blocks }}, {{ R }}, {{ N }}] : {{ X }} into {{ B3 }}
-  %x3 = tensor.expand_shape %x [[0, 1], [2]] output_shape [{{ blocks }}, {{ R }}, {{ N }}] : {{ X }} into {{ B3 }}
-  %mean2 = tensor.expand_shape %mean_f [[0, 1]] output_shape [{{ blocks }}, {{ R }}] : {{ ROW }} into {{ BR }}
-  %rstd2 = tensor.expand_shape %rstd_f [[0, 1]] output_shape [{{ blocks }}, {{ R }}] : {{ ROW }} into {{ BR }}
+{% endif %}
+{% if M is none %}
+  {#- The first blocks * (M // blocks) rows in blocks, the rest on their own. #}
+  %blocks = arith.constant {{ blocks }} : index
+  %dim_r = arith.divui %dim_m, %blocks : index
+  %dim_main = arith.muli %dim_r, %blocks : index
+  %dim_rest = arith.subi %dim_m, %dim_main : index
+  %g_main = tensor.extract_slice %g_cols[0, 0] [%dim_main, {{ N }}] [1, 1] : {{ X }} to {{ X }}
+  %x_main = tensor.extract_slice %x[0, 0] [%dim_main, {{ N }}] [1, 1] : {{ X }} to {{ X }}
+  %mean_main = tensor.extract_slice %mean_f[0] [%dim_main] [1] : {{ ROW }} to {{ ROW }}
+  %rstd_main = tensor.extract_slice %rstd_f[0] [%dim_main] [1] : {{ ROW }} to {{ ROW }}
+  %g_rest = tensor.extract_slice %g_cols[%dim_main, 0] [%dim_rest, {{ N }}] [1, 1] : {{ X }} to {{ X }}
+  %x_rest = tensor.extract_slice %x[%dim_main, 0] [%dim_rest, {{ N }}] [1, 1] : {{ X }} to {{ X }}
+  %mean_rest = tensor.extract_slice %mean_f[%dim_main] [%dim_rest] [1] : {{ ROW }} to {{ ROW }}
+  %rstd_rest = tensor.extract_slice %rstd_f[%dim_main] [%dim_rest] [1] : {{ ROW }} to {{ ROW }}
+{% set sources = {"g": "%g_main", "x": "%x_main", "mean": "%mean_main", "rstd": "%rstd_main"} %}
+{% else %}
+{% set sources = {"g": "%g_cols", "x": "%x", "mean": "%mean_f", "rstd": "%rstd_f"} %}
+{% endif %}
+  %g3 = tensor.expand_shape {{ sources.g }} [[0, 1], [2]] output_shape {{ h.output_shape([blocks, R, N], ["", "%dim_r"]) }} : {{ X }} into {{ B3 }}
+  %x3 = tensor.expand_shape {{ sources.x }} [[0, 1], [2]] output_shape {{ h.output_shape([blocks, R, N], ["", "%dim_r"]) }} : {{ X }} into {{ B3 }}
+  %mean2 = tensor.expand_shape {{ sources.mean }} [[0, 1]] output_shape {{ h.output_shape([blocks, R], ["", "%dim_r"]) }} : {{ ROW }} into {{ BR }}
+  %rstd2 = tensor.expand_shape {{ sources.rstd }} [[0, 1]] output_shape {{ h.output_shape([blocks, R], ["", "%dim_r"]) }} : {{ ROW }} into {{ BR }}
   %part_empty = tensor.empty() : {{ P }}
   %part_zero = linalg.fill ins(%zero : f32) outs(%part_empty : {{ P }}) -> {{ P }}
   {#- Loops (block, column, row): written with the reduction innermost, as IREE orders it, so
@@ -170,18 +217,7 @@ func.func private @{{ func_name }}(%g: {{ X }}, %x: {{ X }}, %mean: {{ STAT }}, 
 {% endif %}
       {
   ^bb0(%gin: {{ dtype }}, %xin: {{ dtype }}, %mu: f32, %rs: f32{% for c in cols %}, %p{{ c }}: f32{% endfor %}):
-    {{ h.to_f32("gf", "gin", dtype) }}
-{% if "w" in cols %}
-    {{ h.to_f32("xf", "xin", dtype) }}
-    %c = arith.subf {{ h.f32ref("xf", "xin", dtype) }}, %mu : f32
-    %xhat = arith.mulf %c, %rs : f32
-    %gx = arith.mulf {{ h.f32ref("gf", "gin", dtype) }}, %xhat : f32
-    %pwn = arith.addf %pw, %gx : f32
-{% endif %}
-{% if "b" in cols %}
-    %pbn = arith.addf %pb, {{ h.f32ref("gf", "gin", dtype) }} : f32
-{% endif %}
-    linalg.yield {% for c in cols %}%p{{ c }}n{{ ", " if not loop.last }}{% endfor %} : {% for c in cols %}f32{{ ", " if not loop.last }}{% endfor %}{{ "" }}
+{{ col_body() }}
   } -> ({% for c in cols %}{{ P }}{{ ", " if not loop.last }}{% endfor %})
 {% endif %}
 {% endif %}
@@ -189,6 +225,17 @@ func.func private @{{ func_name }}(%g: {{ X }}, %x: {{ X }}, %mean: {{ STAT }}, 
   %colf_empty = tensor.empty() : {{ COL }}
   %col_zero = linalg.fill ins(%zero : f32) outs(%colf_empty : {{ COL }}) -> {{ COL }}
   %col_empty = tensor.empty() : {{ V }}
+{% if M is none %}
+  {#- The rows left over, summed over rows (loops (column, row)); added to the blocks' sums
+      when they are narrowed. #}
+  %rest:{{ cols|length }} = linalg.generic {indexing_maps = [{{ h.map(2, [1, 0]) }}, {{ h.map(2, [1, 0]) }}, {{ h.map(2, [1]) }}, {{ h.map(2, [1]) }}{% for c in cols %}, {{ h.map(2, [0]) }}{% endfor %}],
+                            iterator_types = ["parallel", "reduction"]}
+      ins(%g_rest, %x_rest, %mean_rest, %rstd_rest : {{ X }}, {{ X }}, {{ ROW }}, {{ ROW }})
+      outs({% for c in cols %}%col_zero{{ ", " if not loop.last }}{% endfor %} : {% for c in cols %}{{ COL }}{{ ", " if not loop.last }}{% endfor %}) {
+  ^bb0(%gin: {{ dtype }}, %xin: {{ dtype }}, %mu: f32, %rs: f32{% for c in cols %}, %p{{ c }}: f32{% endfor %}):
+{{ col_body() }}
+  } -> ({% for c in cols %}{{ COL }}{{ ", " if not loop.last }}{% endfor %})
+{% endif %}
 {% for c in cols %}
 {% set part = ("%one#" ~ loop.index) if one_pass else ("%parts#" ~ loop.index0) %}
   %sum_{{ c }} = linalg.generic {indexing_maps = [{{ h.map(2, [1, 0]) }}, {{ h.map(2, [0]) }}], iterator_types = ["parallel", "reduction"]}
@@ -197,9 +244,16 @@ func.func private @{{ func_name }}(%g: {{ X }}, %x: {{ X }}, %mean: {{ STAT }}, 
     %accn = arith.addf %acc, %p : f32
     linalg.yield %accn : f32
   } -> {{ COL }}
+{% if M is none %}
+  %d{{ c }} = linalg.generic {indexing_maps = [{{ h.map(1) }}, {{ h.map(1) }}, {{ h.map(1) }}], iterator_types = ["parallel"]}
+      ins(%sum_{{ c }}, %rest#{{ loop.index0 }} : {{ COL }}, {{ COL }}) outs(%col_empty : {{ V }}) {
+  ^bb0(%sb: f32, %sr: f32, %unused: {{ dtype }}):
+    %sf = arith.addf %sb, %sr : f32
+{% else %}
   %d{{ c }} = linalg.generic {indexing_maps = [{{ h.map(1) }}, {{ h.map(1) }}], iterator_types = ["parallel"]}
       ins(%sum_{{ c }} : {{ COL }}) outs(%col_empty : {{ V }}) {
   ^bb0(%sf: f32, %unused: {{ dtype }}):
+{% endif %}
     {{ h.from_f32("sn", "sf", dtype) }}
     linalg.yield {{ h.narrowref("sn", "sf", dtype) }} : {{ dtype }}
   } -> {{ V }}

@@ -1,4 +1,4 @@
-{#- boo::rms_norm on x[M, N] over N. Params: M, N, eps, dtype, w_dtype (None: no weight),
+{#- boo::rms_norm on x[M, N] over N. Params: M (None when dynamic), N, eps, dtype, w_dtype (None: no weight),
     norm_dtype (None, or the dtype x * rstd is rounded to before the weight), out_dtype.
       rstd = rsqrt(sum(x^2) / N + eps);  out = round(x * rstd) * w, all in f32. -#}
 {% import "_helpers.mlir" as h with context %}
@@ -8,6 +8,8 @@
 {% set STAT = h.tensor([M, 1], "f32") %}
 {% set has_weight = w_dtype is not none %}
 {% set W = h.tensor([N], w_dtype) if has_weight else "" %}
+{#- M's SSA value when it is dynamic. -#}
+{% set m = "%dim_m" %}
 func.func private @{{ func_name }}(%x: {{ X }}{% if has_weight %}, %w: {{ W }}{% endif %})
     -> ({{ Y }}, {{ STAT }}) {{ h.identity({"eps": eps, "normalized_size": N, "has_weight": has_weight, "norm_dtype": norm_dtype or "none"}) }} {
 {% if M == 0 %}
@@ -16,11 +18,14 @@ func.func private @{{ func_name }}(%x: {{ X }}{% if has_weight %}, %w: {{ W }}{%
   %rstd_out = tensor.empty() : {{ STAT }}
   return %out, %rstd_out : {{ Y }}, {{ STAT }}
 {% else %}
-  {% call h.dispatch_region("rms", ["%out", "%rstd_out"], [Y, STAT]) %}
+{% if M is none %}
+  {{ h.dim(m[1:], "%x", 0, X) }}
+{% endif %}
+  {% call h.dispatch_region("rms", ["%out", "%rstd_out"], [Y, STAT], [] if M is not none else [m, m]) %}
   %zero = arith.constant 0.0 : f32
   %n = arith.constant {{ "%.1f"|format(N) }} : f32
   %eps = arith.constant {{ "%.17e"|format(eps) }} : f32
-  %row_empty = tensor.empty() : {{ ROW }}
+  %row_empty = {{ h.empty([M], "f32", [m]) }}
   %row_zero = linalg.fill ins(%zero : f32) outs(%row_empty : {{ ROW }}) -> {{ ROW }}
   %ss = linalg.generic {indexing_maps = [{{ h.map(2) }}, {{ h.map(2, [0]) }}], iterator_types = ["parallel", "reduction"]}
       ins(%x : {{ X }}) outs(%row_zero : {{ ROW }}) {
@@ -38,7 +43,7 @@ func.func private @{{ func_name }}(%x: {{ X }}{% if has_weight %}, %w: {{ W }}{%
     %r = math.rsqrt %mse : f32
     linalg.yield %r : f32
   } -> {{ ROW }}
-  %out_empty = tensor.empty() : {{ Y }}
+  %out_empty = {{ h.empty([M, N], out_dtype, [m]) }}
   %out = linalg.generic {indexing_maps = [{{ h.map(2) }}, {{ h.map(2, [0]) }}{% if has_weight %}, {{ h.map(2, [1]) }}{% endif %}, {{ h.map(2) }}],
                          iterator_types = ["parallel", "parallel"]}
       ins(%x, %rstd{% if has_weight %}, %w{% endif %} : {{ X }}, {{ ROW }}{% if has_weight %}, {{ W }}{% endif %})
@@ -60,7 +65,7 @@ func.func private @{{ func_name }}(%x: {{ X }}{% if has_weight %}, %w: {{ W }}{%
     {{ h.from_f32("yn", y, out_dtype) }}
     linalg.yield {{ h.narrowref("yn", y, out_dtype) }} : {{ out_dtype }}
   } -> {{ Y }}
-  %rstd_out = tensor.expand_shape %rstd [[0, 1]] output_shape [{{ M }}, 1] : {{ ROW }} into {{ STAT }}
+  %rstd_out = tensor.expand_shape %rstd [[0, 1]] output_shape {{ h.output_shape([M, 1], [m]) }} : {{ ROW }} into {{ STAT }}
   {% endcall %}
 
   return %rms#0, %rms#1 : {{ Y }}, {{ STAT }}

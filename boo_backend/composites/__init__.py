@@ -1,7 +1,8 @@
 """The composite registry: one entry per ATen OpOverload that boo replaces by a kernel.
 
-A leaf: imports only config from boo_backend. Adding a composite means one entry (in the
-family module under this package), one template `kernels/<name>.mlir`, and one test row.
+A leaf: imports only config and symbolic (leaves) from boo_backend. Adding a composite means
+one entry (in the family module under this package), one template `kernels/<name>.mlir`, and
+one test row.
 
 An entry says, for a node of its op:
 - `accepts(args, kwargs, outs)`: None to take the node, or the reason it declines;
@@ -16,6 +17,12 @@ An entry says, for a node of its op:
 `args` is every argument in schema order (keyword-only ones too, defaults filled in), `kwargs`
 the node's keyword arguments; both hold FakeTensors for tensors; `outs` the op's FakeTensor
 results.
+
+Sizes may be symbolic (SymInts, in a graph Dynamo traced with dynamic shapes). A parameter
+holds a symbolic size as None, which templates render as a `?` dim; `size`, `sizes` and
+`same` read sizes without ever evaluating a SymInt (which would add a guard to Dynamo's
+graph, and make boo compile it per shape). A kernel that needs a dim static (its tiling, a
+constant) declines where that dim is symbolic: `symbolic_decline`.
 """
 
 from __future__ import annotations
@@ -26,8 +33,10 @@ import json
 import math
 from typing import Callable
 
+import sympy
 import torch
 
+from .. import symbolic
 from ..config import BooError
 
 # Dtypes a kernel accepts, with their MLIR element type. Low precision accumulates in f32.
@@ -140,15 +149,40 @@ def enabled(force_decompose: str) -> dict[torch._ops.OpOverload, Composite]:
     return {op: entry for op, entry in REGISTRY.items() if op not in off}
 
 
+def size(value) -> int | None:
+    """A size as a template parameter: the int, or None for a symbolic one (a `?` dim)."""
+    return int(symbolic.expr(value)) if symbolic.is_static(value) else None
+
+
+def sizes(values) -> list[int | None]:
+    return [size(v) for v in values]
+
+
+def same(a, b) -> bool:
+    """Whether sizes `a` and `b` (ints, SymInts, or sequences of them) are equal for every
+    value of their symbols; never a guard."""
+    if isinstance(a, (list, tuple, torch.Size)) or isinstance(b, (list, tuple, torch.Size)):
+        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
+    return sympy.expand(symbolic.expr(a) - symbolic.expr(b)) == 0
+
+
+def symbolic_decline(**named) -> str | None:
+    """The reason to decline when one of the named sizes, which the kernel needs static,
+    is symbolic: symbolic_decline(N=n) -> "symbolic N (the kernel needs it static)"."""
+    found = [name for name, value in named.items() if size(value) is None]
+    if found:
+        return f"symbolic {', '.join(found)} (the kernel needs {'it' if len(found) == 1 else 'them'} static)"
+    return None
+
+
 def common_decline(tensors: list, outs: list) -> str | None:
-    """Checks every kernel shares: float dtype, one dtype, on a device, fully static sizes."""
+    """Checks every kernel shares: float dtype, one dtype, on a device. Symbolic sizes are
+    each family's to check (see symbolic_decline)."""
     for t in [*tensors, *outs]:
         if t is None:
             continue
         if t.dtype not in ELEMENT_TYPES:
             return f"dtype {t.dtype} (kernels take {', '.join(map(str, ELEMENT_TYPES))})"
-        if any(not isinstance(s, int) for s in t.shape):
-            return "symbolic shape"
     return None
 
 

@@ -5,6 +5,9 @@ Inputs are [B, H, L, D] queries and [B, Hk, S, D] keys and values; Hk divides H 
 query heads: query head h reads key head h // (H // Hk)). Masks are additive float masks of
 q's dtype, 2-D [L, S] or 4-D broadcastable to [B, H, L, S] (SDPA turns boolean masks into
 such a float mask before the op); `is_causal` aligns to the top left. No dropout.
+
+B, L and S (batch and sequence lengths) may be dynamic, and with them the mask's dims along
+them; H, Hk, D and Dv are constants of the kernels (their layout and contractions).
 """
 
 from __future__ import annotations
@@ -15,7 +18,10 @@ import torch
 
 from ..decompositions import FALLBACK
 from ..patterns import Pattern, Wild
-from . import ELEMENT_TYPES, Composite, common_decline, random_tensor, register, register_pattern
+from . import (
+    ELEMENT_TYPES, Composite, common_decline, random_tensor, register, register_pattern, same, size, sizes,
+    symbolic_decline,
+)
 
 aten = torch.ops.aten
 FORWARD = aten._scaled_dot_product_flash_attention_for_cpu.default
@@ -30,7 +36,7 @@ def _mask_decline(mask, q, k) -> str | None:
     if mask.dim() not in (2, 4):
         return f"attn_mask of rank {mask.dim()} (2 or 4 taken)"
     full = [q.shape[0], q.shape[1], q.shape[2], k.shape[2]][4 - mask.dim():]
-    if any(m not in (1, f) for m, f in zip(mask.shape, full)):
+    if any(size(m) != 1 and not same(m, f) for m, f in zip(mask.shape, full)):
         return f"attn_mask {list(mask.shape)} does not broadcast to {full}"
     return None
 
@@ -46,23 +52,28 @@ def _decline(q, k, v, dropout_p, mask, tensors, outs) -> str | None:
         return "inputs not 4-D [B, H, L, D]"
     if len({t.dtype for t in tensors}) != 1:
         return f"mixed dtypes {sorted({str(t.dtype) for t in tensors})}"
-    if k.shape[1] == 0 or q.shape[1] % k.shape[1] or k.shape[:3] != v.shape[:3] or q.shape[0] != k.shape[0]:
+    reason = symbolic_decline(H=q.shape[1], Hk=k.shape[1], D=q.shape[3], Dv=v.shape[3])
+    if reason:
+        return f"heads: {reason}"
+    h, hk, d, dv = sizes([q.shape[1], k.shape[1], q.shape[3], v.shape[3]])
+    if hk == 0 or h % hk or not same(k.shape[:3], v.shape[:3]) or not same(q.shape[0], k.shape[0]):
         return f"heads or sizes do not fit: q={list(q.shape)} k={list(k.shape)} v={list(v.shape)}"
-    if q.shape[3] != k.shape[3]:
-        return f"q and k head dims differ: {q.shape[3]} vs {k.shape[3]}"
-    if k.shape[2] == 0 or q.shape[3] == 0 or v.shape[3] == 0:
+    if d != size(k.shape[3]):
+        return f"q and k head dims differ: {d} vs {k.shape[3]}"
+    if size(k.shape[2]) == 0 or d == 0 or dv == 0:
         return "no keys or an empty head dim"
     return _mask_decline(mask, q, k)
 
 
 def _params(q, k, v, is_causal, mask, scale) -> dict:
-    b, h, lq, d = q.shape
+    b, h, lq, d = sizes(q.shape)
     return {
-        "B": b, "H": h, "Hk": k.shape[1], "L": lq, "S": k.shape[2], "D": d, "Dv": v.shape[3],
+        "B": b, "H": h, "Hk": size(k.shape[1]), "L": lq, "S": size(k.shape[2]), "D": d, "Dv": size(v.shape[3]),
         "dtype": ELEMENT_TYPES[q.dtype],
         "scale": float(scale) if scale is not None else 1.0 / math.sqrt(d),
         "is_causal": bool(is_causal),
-        "mask_shape": None if mask is None else [1] * (4 - mask.dim()) + list(mask.shape),
+        # A dim of 1 broadcasts; any other (None when dynamic) is the full dim.
+        "mask_shape": None if mask is None else [1] * (4 - mask.dim()) + sizes(mask.shape),
         "mask_rank": None if mask is None else mask.dim(),
     }
 
@@ -104,9 +115,9 @@ register(Composite(
 
 def _backward_accepts(args, kwargs, outs):
     grad, q, k, v, out, lse, dropout_p, _causal, mask, _scale = args
-    if lse.dtype != torch.float32 or list(lse.shape) != list(q.shape[:3]):
+    if lse.dtype != torch.float32 or not same(lse.shape, q.shape[:3]):
         return f"logsumexp {lse.dtype} {list(lse.shape)} (f32 [B, H, L] taken)"
-    if list(grad.shape) != list(out.shape) or list(out.shape) != [*q.shape[:3], v.shape[3]]:
+    if not same(grad.shape, out.shape) or not same(out.shape, [*q.shape[:3], v.shape[3]]):
         return f"grad_out {list(grad.shape)} or out {list(out.shape)} does not fit q and v"
     return _decline(q, k, v, dropout_p, mask, [grad, q, k, v, out], [o for o in outs if o is not None])
 

@@ -9,6 +9,8 @@ backwards native_batch_norm_backward. Kernels are written for a 3-D input [N, C,
 
 Driver families: `batch_norm` (-F 1 training forward, -F 14 backward) and `batch_norm_eval`
 (-F 1 eval forward): two forward entries in one family would both answer -F 1.
+
+N and HxW may be dynamic; C is a constant of the kernels.
 """
 
 from __future__ import annotations
@@ -18,7 +20,9 @@ import math
 import torch
 from torch._decomp import decomposition_table
 
-from . import ELEMENT_TYPES, Composite, common_decline, flat, random_tensor, register
+from . import (
+    ELEMENT_TYPES, Composite, common_decline, flat, random_tensor, register, same, size, sizes, symbolic_decline,
+)
 
 aten = torch.ops.aten
 
@@ -30,19 +34,20 @@ def _canonical_shape(x) -> list[int]:
 def _decline(x, per_channel, outs, empty_ok=False, grad=None) -> str | None:
     if x.dim() < 2:
         return f"input of rank {x.dim()} (batch norm needs [N, C, ...])"
-    if any(not isinstance(s, int) for s in x.shape):
-        return "symbolic shape"
+    reason = symbolic_decline(C=x.shape[1])
+    if reason:
+        return reason
     n, c, hw = _canonical_shape(x)
-    if c == 0:
+    if size(c) == 0:
         return "no channels"
-    if n * hw == 0 and not empty_ok:
+    if size(n * hw) == 0 and not empty_ok:
         return "empty batch (eager raises or divides by zero)"
     tensors = [x, grad, *per_channel]
     dtypes = {t.dtype for t in tensors if t is not None}
     if len(dtypes) != 1:
         return f"mixed dtypes {sorted(map(str, dtypes))}"
     for t in per_channel:
-        if t is not None and t.numel() and list(t.shape) != [c]:
+        if t is not None and size(t.numel()) != 0 and not same(t.shape, [c]):
             return f"a per-channel tensor of shape {list(t.shape)} for C={c}"
     return common_decline(tensors, [o for o in outs if o is not None])
 
@@ -69,7 +74,7 @@ def _train_accepts(args, kwargs, outs):
 
 def _train_params(args, kwargs, outs):
     x, weight, bias, rm, rv, training, momentum, eps = args
-    n, c, hw = _canonical_shape(x)
+    n, c, hw = sizes(_canonical_shape(x))
     return {
         "N": n, "C": c, "HW": hw, "momentum": float(momentum), "eps": float(eps),
         "dtype": ELEMENT_TYPES[x.dtype], "has_weight": weight is not None, "has_bias": bias is not None,
@@ -112,14 +117,14 @@ register(Composite(
 
 def _eval_accepts(args, kwargs, outs):
     x, weight, bias, rm, rv, _momentum, _eps = args
-    if any(o is not None and o.dim() == 1 and o.numel() for o in outs[1:]):
+    if any(o is not None and o.dim() == 1 and size(o.numel()) != 0 for o in outs[1:]):
         return "saved statistics are not empty"
     return _decline(x, (weight, bias, rm, rv), outs[:1], empty_ok=True)
 
 
 def _eval_params(args, kwargs, outs):
     x, weight, bias, rm, rv, momentum, eps = args
-    n, c, hw = _canonical_shape(x)
+    n, c, hw = sizes(_canonical_shape(x))
     return {
         "N": n, "C": c, "HW": hw, "eps": float(eps),
         "dtype": ELEMENT_TYPES[x.dtype], "has_weight": weight is not None, "has_bias": bias is not None,
@@ -164,20 +169,20 @@ def _backward_accepts(args, kwargs, outs):
     if mask[1] and weight is None:
         return "dweight asked for an absent weight"
     used = (sm, si) if train else (rm, rv)
-    if any(t is None or t.dim() != 1 or t.numel() == 0 for t in used):
+    if any(t is None or t.dim() != 1 or size(t.numel()) == 0 for t in used):
         return f"train={train} without its statistics"
-    if list(grad.shape) != list(x.shape):
+    if not same(grad.shape, x.shape):
         return "grad_out and input shapes differ"
     return _decline(x, (weight, rm, rv, sm, si), outs, grad=grad)
 
 
 def _backward_params(args, kwargs, outs):
     grad, x, weight, rm, rv, sm, si, train, eps, mask = args
-    n, c, hw = _canonical_shape(x)
+    n, c, hw = sizes(_canonical_shape(x))
     return {
         "N": n, "C": c, "HW": hw, "dtype": ELEMENT_TYPES[x.dtype], "train": bool(train),
         "eps": float(eps), "has_weight": weight is not None,
-        "stat_sizes": [None if t is None else t.numel() for t in (rm, rv, sm, si)],
+        "stat_sizes": [None if t is None else size(t.numel()) for t in (rm, rv, sm, si)],
         # The results the node has: the meta function gives dx even where output_mask[0] is
         # False (eager then returns None), and the kernel must return every one it has.
         "output_mask": [o is not None for o in outs],

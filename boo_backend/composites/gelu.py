@@ -1,4 +1,5 @@
-"""GELU forward and backward, approximate="none" and "tanh"."""
+"""GELU forward and backward, approximate="none" and "tanh". Elementwise: any dim may be
+dynamic."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import torch
 from torch._decomp import decomposition_table
 
 from ..patterns import Pattern
-from . import ELEMENT_TYPES, Composite, common_decline, random_tensor, register, register_pattern
+from . import ELEMENT_TYPES, Composite, common_decline, random_tensor, register, register_pattern, sizes
 
 aten = torch.ops.aten
 
@@ -30,7 +31,7 @@ def _params(args, kwargs, outs):
     out = outs[0]
     return {
         "approximate": _approximate(kwargs),
-        "shape": list(out.shape),
+        "shape": sizes(out.shape),
         "dtype": ELEMENT_TYPES[out.dtype],
     }
 

@@ -2,7 +2,8 @@
 
 Kernels are written for a 3-D input [N, C, HxW]; `canonical` reshapes any other rank
 ([N, C], [N, C, H, W], ...) into that form. Inside, the kernels view it as [N, G, C/G, HxW].
-Statistics (mean, rstd) are [N, G] in the input's dtype, as eager gives them.
+Statistics (mean, rstd) are [N, G] in the input's dtype, as eager gives them. N and HxW may
+be dynamic; C and the group count are constants of the kernels (the groups' layout).
 """
 
 from __future__ import annotations
@@ -10,19 +11,21 @@ from __future__ import annotations
 import torch
 from torch._decomp import decomposition_table
 
-from . import ELEMENT_TYPES, Composite, common_decline, flat, random_tensor, register
+from . import ELEMENT_TYPES, Composite, common_decline, flat, random_tensor, register, same, size, symbolic_decline
 
 aten = torch.ops.aten
 
 
 def _decline(x, n, c, hxw, group, tensors, outs) -> str | None:
+    reason = symbolic_decline(C=c, group=group)
+    if reason:
+        return reason
+    c, group = size(c), size(group)
     if group <= 0 or c % group:
         return f"group={group} does not divide C={c}"
-    if c == 0 or hxw == 0:
+    if c == 0 or size(hxw) == 0:
         return "empty groups"
-    if any(not isinstance(v, int) for v in (n, c, hxw)):
-        return "symbolic N, C or HxW"
-    if list(x.shape[:2]) != [n, c] or x.numel() != n * c * hxw:
+    if not same(x.shape[:2], [n, c]) or not same(x.numel(), n * c * hxw):
         return f"input {list(x.shape)} is not [N={n}, C={c}, HxW={hxw}]"
     dtypes = {t.dtype for t in tensors if t is not None}
     if len(dtypes) != 1:
@@ -41,7 +44,7 @@ def _forward_accepts(args, kwargs, outs):
 def _forward_params(args, kwargs, outs):
     x, weight, bias, n, c, hxw, group, eps = args
     return {
-        "N": n, "C": c, "HW": hxw, "G": group, "eps": float(eps),
+        "N": size(n), "C": size(c), "HW": size(hxw), "G": size(group), "eps": float(eps),
         "dtype": ELEMENT_TYPES[x.dtype], "stat_dtype": ELEMENT_TYPES[outs[1].dtype],
         "has_weight": weight is not None, "has_bias": bias is not None,
     }
@@ -98,9 +101,9 @@ def _backward_accepts(args, kwargs, outs):
         return "no output asked for"
     if grad.dtype != x.dtype or mean.dtype != rstd.dtype:
         return "mixed dtypes"
-    if list(grad.shape) != list(x.shape):
+    if not same(grad.shape, x.shape):
         return "grad_out and input shapes differ"
-    if list(mean.shape) != [n, group] or list(rstd.shape) != [n, group]:
+    if not same(mean.shape, [n, group]) or not same(rstd.shape, [n, group]):
         return f"mean/rstd {list(mean.shape)} are not [N, group]"
     return _decline(x, n, c, hxw, group, (grad, x, weight), outs)
 
@@ -108,7 +111,7 @@ def _backward_accepts(args, kwargs, outs):
 def _backward_params(args, kwargs, outs):
     grad, x, mean, rstd, weight, n, c, hxw, group, mask = args
     return {
-        "N": n, "C": c, "HW": hxw, "G": group,
+        "N": size(n), "C": size(c), "HW": size(hxw), "G": size(group),
         "dtype": ELEMENT_TYPES[x.dtype], "stat_dtype": ELEMENT_TYPES[mean.dtype],
         "has_weight": weight is not None,
         "output_mask": [bool(b) for b in mask],

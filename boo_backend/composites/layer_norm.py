@@ -2,6 +2,7 @@
 
 Kernels are written for a 2-D input [M, N] normalized over its last dim; `canonical`
 reshapes any other call (several trailing normalized dims, extra batch dims) into that form.
+M may be dynamic; N is a constant of the kernels (and picks the backward's layout).
 """
 
 from __future__ import annotations
@@ -10,7 +11,9 @@ from __future__ import annotations
 import torch
 from torch._decomp import decomposition_table
 
-from . import ELEMENT_TYPES, Composite, common_decline, flat, rows_cols, random_tensor, register
+from . import (
+    ELEMENT_TYPES, Composite, common_decline, flat, random_tensor, register, rows_cols, size, symbolic_decline,
+)
 
 aten = torch.ops.aten
 
@@ -20,7 +23,11 @@ def _is_canonical(x, normalized_shape) -> bool:
 
 
 def _decline(x, normalized_shape, weight, bias, outs) -> str | None:
-    if rows_cols(x, normalized_shape)[1] == 0:
+    n = rows_cols(x, normalized_shape)[1]
+    reason = symbolic_decline(N=n)
+    if reason:
+        return f"normalized size: {reason}"
+    if size(n) == 0:
         return "empty normalized shape"
     dtypes = {t.dtype for t in (x, weight, bias) if t is not None}
     if len(dtypes) != 1:
@@ -40,7 +47,7 @@ def _forward_params(args, kwargs, outs):
     x, normalized_shape, weight, bias, eps = args
     m, n = rows_cols(x, normalized_shape)
     return {
-        "M": m, "N": n, "eps": float(eps),
+        "M": size(m), "N": size(n), "eps": float(eps),
         "dtype": ELEMENT_TYPES[x.dtype], "stat_dtype": ELEMENT_TYPES[outs[1].dtype],
         "has_weight": weight is not None, "has_bias": bias is not None,
     }
@@ -90,9 +97,16 @@ def _backward_accepts(args, kwargs, outs):
     return _decline(x, normalized_shape, weight, bias, outs)
 
 
-def column_split(m: int) -> int:
+# The row blocks of the column sums for a dynamic M; the rows left over are summed apart.
+DYNAMIC_BLOCKS = 64
+
+
+def column_split(m: int | None) -> int:
     """How many row blocks the column sums (dweight, dbias) are split into: partial sums per
-    block run in parallel, then one short reduction adds the blocks. A divisor of m."""
+    block run in parallel, then one short reduction adds the blocks. A divisor of m, or for
+    a dynamic m (None) DYNAMIC_BLOCKS, with the rest of the rows summed apart."""
+    if m is None:
+        return DYNAMIC_BLOCKS
     for blocks in (64, 32, 16, 8, 4, 2):
         if m % blocks == 0 and m // blocks >= 8:
             return blocks
@@ -103,11 +117,11 @@ def _backward_params(args, kwargs, outs):
     grad, x, normalized_shape, mean, rstd, weight, bias, mask = args
     m, n = rows_cols(x, normalized_shape)
     return {
-        "M": m, "N": n,
+        "M": size(m), "N": size(n),
         "dtype": ELEMENT_TYPES[x.dtype], "stat_dtype": ELEMENT_TYPES[mean.dtype],
         "has_weight": weight is not None, "has_bias": bias is not None,
         "output_mask": [bool(b) for b in mask],
-        "blocks": column_split(m),
+        "blocks": column_split(size(m)),
     }
 
 

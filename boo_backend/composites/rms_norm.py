@@ -3,6 +3,7 @@
 Kernels are written for a 2-D input [M, N] normalized over its last dim; `canonical`
 reshapes any other call into that form. patterns.py puts these ops into Dynamo's graph in
 place of torch.rms_norm calls and of the chains models write by hand (PATTERNS below).
+M may be dynamic; N is a constant of the kernels.
 """
 
 from __future__ import annotations
@@ -14,7 +15,10 @@ import torch
 
 from .. import ops
 from ..patterns import Pattern, Wild
-from . import ELEMENT_TYPES, Composite, common_decline, flat, rows_cols, random_tensor, register, register_pattern
+from . import (
+    ELEMENT_TYPES, Composite, common_decline, flat, random_tensor, register, register_pattern, rows_cols, same, size,
+    symbolic_decline,
+)
 from .layer_norm import column_split
 
 boo = torch.ops.boo
@@ -28,9 +32,13 @@ def _is_canonical(x, normalized_shape, weight) -> bool:
 def _decline(x, normalized_shape, weight, outs) -> str | None:
     if not _is_canonical(x, normalized_shape, weight):
         return "not in the kernel's [M, N] form"
-    if rows_cols(x, normalized_shape)[1] == 0:
+    n = rows_cols(x, normalized_shape)[1]
+    reason = symbolic_decline(N=n)
+    if reason:
+        return f"normalized size: {reason}"
+    if size(n) == 0:
         return "empty normalized shape"
-    return common_decline([x, weight], [o for o in outs if o is not None and o.numel()])
+    return common_decline([x, weight], [o for o in outs if o is not None and size(o.numel()) != 0])
 
 
 def _type(dtype) -> str | None:
@@ -50,7 +58,7 @@ def _forward_accepts(args, kwargs, outs):
 def _forward_params(args, kwargs, outs):
     x, normalized_shape, weight, eps, norm_dtype, _out_dtype = args
     m, n = rows_cols(x, normalized_shape)
-    return {"M": m, "N": n, "eps": float(eps), "dtype": ELEMENT_TYPES[x.dtype],
+    return {"M": size(m), "N": size(n), "eps": float(eps), "dtype": ELEMENT_TYPES[x.dtype],
             "w_dtype": None if weight is None else ELEMENT_TYPES[weight.dtype],
             "norm_dtype": _type(norm_dtype), "out_dtype": ELEMENT_TYPES[outs[0].dtype]}
 
@@ -96,9 +104,9 @@ def _backward_accepts(args, kwargs, outs):
 def _backward_params(args, kwargs, outs):
     grad, x, rstd, normalized_shape, weight, norm_dtype = args
     m, n = rows_cols(x, normalized_shape)
-    return {"M": m, "N": n, "dtype": ELEMENT_TYPES[x.dtype], "g_dtype": ELEMENT_TYPES[grad.dtype],
+    return {"M": size(m), "N": size(n), "dtype": ELEMENT_TYPES[x.dtype], "g_dtype": ELEMENT_TYPES[grad.dtype],
             "w_dtype": None if weight is None else ELEMENT_TYPES[weight.dtype],
-            "norm_dtype": _type(norm_dtype), "blocks": column_split(m)}
+            "norm_dtype": _type(norm_dtype), "blocks": column_split(size(m))}
 
 
 def _backward_canonical(grad, x, rstd, normalized_shape, weight, norm_dtype):
@@ -139,13 +147,16 @@ def _replacement(graph, x, weight, values, eps, norm_dtype, out_dtype):
             return f"dtype {t.dtype}"
     if norm_dtype is not None and norm_dtype not in ELEMENT_TYPES:
         return f"rounded to {norm_dtype}"
-    if xv.dim() == 0 or any(not isinstance(s, int) for s in xv.shape):
-        return "0-d or symbolic input"
-    if wv is not None and list(wv.shape) != [xv.shape[-1]]:
-        return f"weight of shape {list(wv.shape)} for rows of {xv.shape[-1]}"
+    if xv.dim() == 0:
+        return "0-d input"
+    n = size(xv.shape[-1])
+    if n is None:
+        return "symbolic row size (the kernels need it static)"
+    if wv is not None and not same(wv.shape, [n]):
+        return f"weight of shape {list(wv.shape)} for rows of {n}"
     if values["result"].dtype != out_dtype:
         return f"the chain's result is {values['result'].dtype}, the op's would be {out_dtype}"
-    call = graph.call_function(boo.rms_norm.default, (x, [xv.shape[-1]], weight, float(eps), norm_dtype, out_dtype))
+    call = graph.call_function(boo.rms_norm.default, (x, [n], weight, float(eps), norm_dtype, out_dtype))
     return graph.call_function(operator.getitem, (call, 0))
 
 
@@ -162,7 +173,7 @@ def _torch_rms_norm(weighted):
         xv = values["inputs"][0]
         if weighted and values["inputs"][1].dtype != xv.dtype:
             return "weight and input dtypes differ (eager takes another path)"
-        if captures["n"] != xv.shape[-1]:
+        if not same(captures["n"], xv.shape[-1]):
             return "normalized shape"
         eps = torch.finfo(torch.float32).eps if captures["eps"] is None else captures["eps"]
         return _replacement(graph, x, w, values, eps, None, xv.dtype)

@@ -2,7 +2,7 @@
 
 Kernels are written for a 3-D input [M, N, K] reduced over N (the dim), with M the dims
 before it and K the dims after, or [M, N] over N when K is 1; `canonical` reshapes any other
-call into that form.
+call into that form. M, N and K may each be dynamic.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import math
 import torch
 from torch._decomp import decomposition_table
 
-from . import ELEMENT_TYPES, Composite, common_decline, random_tensor, register
+from . import ELEMENT_TYPES, Composite, common_decline, random_tensor, register, same, size
 
 aten = torch.ops.aten
 
@@ -25,13 +25,13 @@ def _split(shape, dim) -> tuple[int, int, int]:
     return math.prod(shape[:dim]), shape[dim], math.prod(shape[dim + 1:])
 
 
-def _canonical_shape(shape, dim) -> list[int]:
+def _canonical_shape(shape, dim) -> list:
     m, n, k = _split(shape, dim)
-    return [m, n] if k == 1 else [m, n, k]
+    return [m, n] if size(k) == 1 else [m, n, k]
 
 
 def _is_canonical(t, dim) -> bool:
-    return list(t.shape) == _canonical_shape(list(t.shape), dim) and dim in (1, 1 - t.dim())
+    return same(list(t.shape), _canonical_shape(list(t.shape), dim)) and dim in (1, 1 - t.dim())
 
 
 def _canonical(op, tensors, dim, rest):
@@ -52,7 +52,7 @@ def _accepts(tensors, dim, outs):
 
 def _params(x, dim, outs, log):
     m, n, k = _split(list(x.shape), dim)
-    return {"M": m, "N": n, "K": k, "log": log,
+    return {"M": size(m), "N": size(n), "K": size(k), "log": log,
             "dtype": ELEMENT_TYPES[x.dtype], "out_dtype": ELEMENT_TYPES[outs[0].dtype]}
 
 
