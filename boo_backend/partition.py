@@ -204,7 +204,8 @@ def keep_strides(op, decomposition):
         except Exception:  # no fake kernel for `op`: keep what the decomposition made
             return out
         if isinstance(out, (tuple, list)):
-            return type(out)(_to_layout(o, e) for o, e in zip(out, expected))
+            fixed = [_to_layout(o, e) for o, e in zip(out, expected)]
+            return fixed if isinstance(out, list) else tuple(fixed)  # torch.return_types too
         return _to_layout(out, expected)
 
     return run
