@@ -50,15 +50,19 @@ class IreePart(torch.nn.Module):
         super().__init__()
         self.lowered = lowered
         self.function = function
-        # Results whose eager strides are not the dense row-major ones IREE produces.
-        static = [(j, shape, stride) for j, (shape, stride) in enumerate(lowered.result_layouts)
-                  if stride is not None and not any(isinstance(x, str) for x in (*shape, *stride))]
-        self.restride = [(j, shape, stride) for j, shape, stride in static if not _is_row_major(shape, stride)]
-        # With dynamic shapes: the layouts and returned sizes that depend on the call's sizes,
-        # evaluated once per distinct set of sizes.
-        self._symbolic_layouts = [
-            (j, shape, stride) for j, (shape, stride) in enumerate(lowered.result_layouts)
-            if stride is not None and (j, shape, stride) not in static
+        # Results whose eager strides are not the dense row-major ones IREE produces; with
+        # dynamic shapes, the layouts that depend on the call's sizes, evaluated (with the
+        # sizes the graph returns: `_texts`) once per distinct set of sizes.
+        self.restride, self._symbolic_layouts = [], []
+        for j, (shape, stride) in enumerate(lowered.result_layouts):
+            if stride is None:
+                continue
+            if any(isinstance(x, str) for x in (*shape, *stride)):
+                self._symbolic_layouts.append((j, shape, stride))
+            elif not _is_row_major(shape, stride):
+                self.restride.append((j, shape, stride))
+        self._texts = [v for k, v in lowered.outputs if k == "size"] + [
+            x for _, shape, stride in self._symbolic_layouts for x in (*shape, *stride) if isinstance(x, str)
         ]
         self._sizes = symbolic.Sizes(lowered.symbols) if lowered.symbols else None
         self._per_sizes: dict[tuple, tuple[list, dict]] = {}
@@ -72,10 +76,7 @@ class IreePart(torch.nn.Module):
         key = self._sizes.key(args)
         found = self._per_sizes.get(key)
         if found is None:
-            texts = [v for k, v in self.lowered.outputs if k == "size"]
-            for _, shape, stride in self._symbolic_layouts:
-                texts += [x for x in (*shape, *stride) if isinstance(x, str)]
-            values = dict(zip(texts, self._sizes.evaluate(texts, key)))
+            values = dict(zip(self._texts, self._sizes.evaluate(self._texts, key)))
             layouts = [(j, [values.get(x, x) for x in shape], [values.get(x, x) for x in stride])
                        for j, shape, stride in self._symbolic_layouts]
             restride = [(j, shape, stride) for j, shape, stride in layouts if not _is_row_major(shape, stride)]
