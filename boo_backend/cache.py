@@ -70,7 +70,7 @@ def cpu_model() -> str:
 
 @functools.cache
 def tool_versions() -> str:
-    """Versions that change what a compile produces, plus the host CPU it targets."""
+    """Versions that change what a compile produces."""
     parts = []
     for dist in ("boo-backend", "torch", "torch-mlir", "iree-base-compiler", "iree-base-runtime"):
         try:
@@ -78,8 +78,13 @@ def tool_versions() -> str:
         except importlib.metadata.PackageNotFoundError:
             parts.append(f"{dist}=?")
     parts.append(f"boo-source={_source_digest()}")
-    parts.append(f"machine={platform.machine()}")
-    parts.append(f"cpu={cpu_model()}")
+    return ";".join(parts)
+
+
+@functools.cache
+def host_id() -> str:
+    """The host CPU: what a CPU module is compiled for, and what timings were taken on."""
+    parts = [f"machine={platform.machine()}", f"cpu={cpu_model()}"]
     try:
         with open("/proc/cpuinfo") as f:
             flags = next((line for line in f if line.startswith(("flags", "Features"))), "")
@@ -132,8 +137,13 @@ class CompileCache:
         self.stats = STATS
 
     @staticmethod
-    def key(kind: str, *parts: str) -> str:
+    def key(kind: str, *parts: str, host: bool = True) -> str:
+        """The entry's name: a hash of the tools' versions and `parts`, and of the host CPU
+        unless `host` is False (a GPU module does not depend on the CPU that compiled it, so
+        a cache filled by cross-compiling serves the machine with the GPU)."""
         h = hashlib.sha256(tool_versions().encode())
+        if host:
+            h.update(b"\0host\0" + host_id().encode())
         for part in parts:
             h.update(b"\0")
             h.update(str(part).encode())

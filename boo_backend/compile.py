@@ -6,6 +6,7 @@ Imports only config and cache from boo_backend.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import os
 import re
@@ -19,9 +20,13 @@ from .config import BooError
 
 log = logging.getLogger("boo_backend")
 
-# IREE 3.13 knows CUDA targets up to sm_89. Hopper (sm_90) and Blackwell (sm_100) are
-# rejected as "missing GPU target", so they get sm_89 code, which their drivers run.
+# The CUDA architectures IREE 3.13 compiles for: sm_60 to sm_89, and the consumer Blackwells
+# sm_120/sm_121, whose PTX must be at least the version named here (measured: sm_121 with
+# +ptx87 fails in LLVM). Hopper (sm_90) and datacenter Blackwell (sm_100/103/110) are
+# rejected as "missing GPU target": they get sm_89 code instead, whose PTX their drivers
+# compile for them when the module loads. That choice is logged once per architecture.
 _CUDA_NEWEST = 89
+_CUDA_NEWER = {120: "+ptx87", 121: "+ptx88"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,6 +39,10 @@ class Target:
     # Flags that make faster code but that the compiler sometimes fails with; a module that
     # fails with them is compiled again without them.
     optional_flags: tuple[str, ...] = ()
+    # Call the module's `main$async`, which takes a wait and a signal fence and may return
+    # before the device is done (every torch-input module has one), instead of `main`,
+    # which waits. GPU modules do; see boo_backend.gpu.
+    fenced: bool = False
 
     @property
     def kind(self) -> str:
@@ -43,6 +52,12 @@ class Target:
     @property
     def is_cpu(self) -> bool:
         return self.driver.startswith("local")
+
+    @property
+    def host_specific(self) -> bool:
+        """Whether a module depends on the host compiling it (llvm-cpu's `host` CPU does);
+        GPU modules do not, so cache keys leave the host out for them."""
+        return self.is_cpu
 
     @property
     def drivers(self) -> tuple[str, ...]:
@@ -80,13 +95,18 @@ def parse_target(spec: str) -> Target:
         m = re.fullmatch(r"sm_(\d+)", arch)
         if not m:
             raise BooError(f"BOO_TARGET={spec!r}: a CUDA target looks like cuda:sm_80")
-        if int(m.group(1)) > _CUDA_NEWEST:
-            log.info("IREE 3.13 has no %s target; compiling sm_%d code for it", arch, _CUDA_NEWEST)
+        sm = int(m.group(1))
+        features = ()
+        if sm in _CUDA_NEWER:
+            features = (f"--iree-cuda-target-features={_CUDA_NEWER[sm]}",)
+        elif sm > _CUDA_NEWEST:
+            _log_newer_cuda(arch)
             arch = f"sm_{_CUDA_NEWEST}"
         return Target(
             f"cuda:{arch}",
-            ("--iree-hal-target-device=cuda", f"--iree-cuda-target={arch}"),
+            ("--iree-hal-target-device=cuda", f"--iree-cuda-target={arch}", *features),
             "cuda",
+            fenced=True,
         )
     if kind in ("rocm", "hip"):
         arch = arch or "gfx942"
@@ -94,10 +114,18 @@ def parse_target(spec: str) -> Target:
             f"rocm:{arch}",
             ("--iree-hal-target-device=hip", f"--iree-rocm-target={arch}"),
             "hip",
+            fenced=True,
         )
     raise BooError(
         f"unknown IREE target {spec!r}; use llvm-cpu, cuda:sm_XX or rocm:gfxXXXX"
     )
+
+
+@functools.cache
+def _log_newer_cuda(arch: str) -> None:
+    log.info("boo: IREE 3.13 has no %s target; compiling sm_%d code, which the CUDA driver "
+             "compiles for %s when the module loads (BOO_TARGET=cuda:sm_XX picks another)",
+             arch, _CUDA_NEWEST, arch)
 
 
 def target_for_device(device) -> Target:
@@ -188,11 +216,11 @@ def compile_mlir(mlir: str, target: Target, cache: CompileCache, timeout: float 
     retries the failing compile. A compile that ran out of time is remembered with its limit,
     so later processes with the same or a shorter limit fail at once."""
     flags = compile_flags(target)
-    key = cache.key("vmfb", mlir, *flags, target.name)
+    key = cache.key("vmfb", mlir, *flags, target.name, host=target.host_specific)
     blob = cache.get(key)
     if blob is not None:
         return blob
-    timed_out = cache.key("timeout", key)
+    timed_out = cache.key("timeout", key, host=target.host_specific)
     earlier = cache.get_json(timed_out)
     if earlier is not None and timeout and timeout <= earlier["limit"]:
         raise BooCompileTimeout(timeout, remembered=True)

@@ -17,6 +17,8 @@ Every control has one environment variable and one options key of the same meani
 | BOO_PARTITIONER      | partitioner         | AOTAutograd's split: "mincut" (default) or "default" |
 | BOO_COMPILE_TIMEOUT  | compile_timeout     | seconds one iree-compile may take (0: no limit)      |
 | BOO_DYNAMIC          | dynamic             | "0": compile symbolic graphs per concrete shape      |
+| BOO_SYNC             | sync                | wait for the device after every IREE call (debug)    |
+| BOO_COMPILE_ONLY     | compile_only        | compile for `target` into the cache, run in eager    |
 """
 
 from __future__ import annotations
@@ -85,6 +87,13 @@ class Options:
     # A graph Dynamo traced with symbolic sizes compiles once, with dynamic dimensions (True),
     # or once per concrete shape (False).
     dynamic: bool = True
+    # Wait for the device after every IREE call, so that a failing graph raises at its own
+    # call rather than as a later call's "semaphore was aborted" (GPU calls can return
+    # before their work is done; CPU calls always finish first).
+    sync: bool = False
+    # Compile every graph for `target` (a GPU one, say, on a machine without it) into the
+    # compile cache and dump_dir, and run the graphs in eager PyTorch.
+    compile_only: bool = False
 
     _ENV = {
         "strict": "BOO_STRICT",
@@ -98,6 +107,8 @@ class Options:
         "partitioner": "BOO_PARTITIONER",
         "compile_timeout": "BOO_COMPILE_TIMEOUT",
         "dynamic": "BOO_DYNAMIC",
+        "sync": "BOO_SYNC",
+        "compile_only": "BOO_COMPILE_ONLY",
     }
 
     @classmethod
@@ -117,8 +128,9 @@ class Options:
             kwargs["strict"] = _parse_bool("strict", raw["strict"])
         if "cache" in raw:
             kwargs["cache"] = _parse_bool("cache", raw["cache"])
-        if "dynamic" in raw:
-            kwargs["dynamic"] = _parse_bool("dynamic", raw["dynamic"])
+        for key in ("dynamic", "sync", "compile_only"):
+            if key in raw:
+                kwargs[key] = _parse_bool(key, raw[key])
         if raw.get("aten_matmul", "") != "":
             value = raw["aten_matmul"]
             text = str(value).strip().lower()
@@ -161,4 +173,7 @@ class Options:
                 )
         if raw.get("target"):
             kwargs["target"] = str(raw["target"]).strip()
+        if kwargs.get("compile_only") and not kwargs.get("target"):
+            raise BooError("compile_only (BOO_COMPILE_ONLY) needs a target to compile for: set BOO_TARGET "
+                           "(options key target), e.g. cuda:sm_80 or rocm:gfx942")
         return cls(**kwargs)

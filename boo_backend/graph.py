@@ -10,8 +10,10 @@ from __future__ import annotations
 import collections
 import copy
 import dataclasses
+import functools
 import logging
 import operator
+import re
 import warnings
 
 import torch
@@ -60,6 +62,8 @@ class Placement:
     drivers: dict[str, str] = dataclasses.field(default_factory=dict)
     # Compiled once with dynamic dimensions for every size Dynamo's guards admit.
     dynamic: bool = False
+    # Compiled for another target (compile_only) and run in eager PyTorch. Not cached.
+    compile_only: str = ""
 
     @property
     def composites(self) -> int:
@@ -81,6 +85,8 @@ class Placement:
             text += " (compile failed; whole graph ran in eager PyTorch)"
         if self.dynamic:
             text += "; dynamic shapes"
+        if self.compile_only:
+            text += f"; compiled for {self.compile_only} only, ran in eager PyTorch"
         if self.drivers:
             text += f"; runs on {', '.join(sorted(set(self.drivers.values())))}"
         return text
@@ -125,6 +131,30 @@ class _NotDynamic(Exception):
     """The graph cannot run as one module for every size; it is compiled per shape instead."""
 
 
+# Factory ops name their device; a module does not depend on it (all its buffers live on the
+# target), so a graph traced on CPU tensors and the same graph traced on CUDA ones share a
+# cache entry: a cache cross-compiled for a GPU (compile_only) serves the GPU's process.
+_DEVICE = re.compile(r"(device: )(?:cpu|cuda|hip)(?::\d+)?\b|device\(type='\w+'(?:, index=\d+)?\)")
+
+
+def graph_text(gm: fx.GraphModule) -> str:
+    """The graph as a cache key names it, devices left out."""
+    return _DEVICE.sub("device: ...", str(gm.graph))
+
+
+@functools.cache
+def _say_compile_only(target: str) -> None:
+    log.info("boo: compile_only: compiling every graph for %s into the compile cache (and dump_dir); "
+             "the model runs in eager PyTorch", target)
+
+
+class _NotLoaded:
+    """Stands for a module compiled for another target (compile_only): never called."""
+
+    def __call__(self, *args):
+        raise BooError("boo: compile_only modules are not loaded")
+
+
 def _signature(values) -> list[str]:
     """Dtypes, sizes and strides of a call's arguments (or of a graph's symbolic inputs)."""
     return [f"{v.dtype}{tuple(v.shape)}{v.stride()}" if isinstance(v, torch.Tensor) else repr(v) for v in values]
@@ -151,6 +181,9 @@ class CompiledGraph:
         self._dynamic_runner = None
         self.cache = CompileCache(opts.cache_dir, opts.cache)
         self._runners: dict = {}
+        # Measuring where matmuls run (aten_matmul=auto) needs the target's device, which a
+        # compile_only run does not have: they stay in IREE there.
+        self.aten_matmul = "never" if opts.compile_only and opts.aten_matmul == "auto" else opts.aten_matmul
         # Runtime drivers of the runner being built, by part; see Placement.drivers.
         self._drivers: dict[str, str] = {}
 
@@ -158,6 +191,9 @@ class CompiledGraph:
         return tuple(tuple(a.shape) if isinstance(a, torch.Tensor) else a for a in args)
 
     def __call__(self, args):
+        if self.opts.compile_only:
+            self._compile_only(list(args))
+            return self.gm(*args)
         if self.dynamic:
             if self._dynamic_runner is not None:
                 return self._dynamic_runner(*args)
@@ -171,6 +207,20 @@ class CompiledGraph:
             # IreePart's forward directly: nn.Module's call hooks cost per step for nothing.
             runner = self._runners[key] = runner.forward if isinstance(runner, IreePart) else runner
         return runner(*args)
+
+    def _compile_only(self, args: list) -> None:
+        """Compile this call's module(s) for the target without loading them (compile_only)."""
+        _say_compile_only(self._target(args).name)
+        if self.dynamic and not self._runners:
+            try:
+                self._runners[None] = self._build(args, 0, dynamic=True)
+                return
+            except _NotDynamic as e:
+                log.debug("boo: %s graph %s does not compile with dynamic shapes (%s)", self.kind, self.name, e)
+                self.dynamic = False
+        key = self._key(args) if self.symbolic else None
+        if key not in self._runners:
+            self._runners[key] = self._build(args, len(self._runners))
 
     # -- building -------------------------------------------------------------------------
 
@@ -222,11 +272,12 @@ class CompiledGraph:
         # A dynamic module's key is the symbolic graph and its sizes' ranges, not a shape.
         shapes = (["dynamic", *_signature(n.meta.get("val") for n in self.gm.graph.nodes if n.op == "placeholder"),
                    *self._constraints()] if dynamic else _signature(args))
+        target = self._target(args)
         plan_key = self.cache.key(
-            "plan", str(self.gm.graph), *compile_flags(self._target(args)), self.opts.force_decompose,
-            self.opts.aten_matmul, *shapes,
+            "plan", graph_text(self.gm), *compile_flags(target), self.opts.force_decompose,
+            self.aten_matmul, *shapes, host=target.host_specific,
         )
-        lowered_key = self.cache.key("lowered", plan_key)
+        lowered_key = self.cache.key("lowered", plan_key, host=target.host_specific)
         if self.opts.dump_dir is None:
             runner = self._from_cache(lowered_key, args, name)
             if runner is not None:
@@ -268,11 +319,12 @@ class CompiledGraph:
             name, self.kind, len(ops), len(ops) - island - decomposed - aten, decomposed, island,
             aten, island_ops=tuple(sorted(plan.island)),
             composite_names=tuple(sorted(collections.Counter(used).items())), drivers=self._drivers,
-            dynamic=dynamic,
+            dynamic=dynamic, compile_only=target.name if self.opts.compile_only else "",
         )
         self._record(placement)
         if isinstance(runner, IreePart):  # one module, no islands: skip all of this next time
-            extra = {k: v for k, v in dataclasses.asdict(placement).items() if k not in ("name", "drivers")}
+            extra = {k: v for k, v in dataclasses.asdict(placement).items()
+                     if k not in ("name", "drivers", "compile_only")}
             extra["has_module"] = runner.function is not None
             self.cache.put(lowered_key, runner.lowered.to_bytes(extra))
         return runner
@@ -291,7 +343,8 @@ class CompiledGraph:
                 function = self._function(vmfb, lowered, target, name, "module")
             extra["island_ops"] = tuple(extra["island_ops"])
             extra["composite_names"] = tuple(tuple(c) for c in extra.get("composite_names", ()))
-            self._record(Placement(name=name, drivers=self._drivers, **extra))
+            compile_only = target.name if function is not None and self.opts.compile_only else ""
+            self._record(Placement(name=name, drivers=self._drivers, compile_only=compile_only, **extra))
             return IreePart(lowered, function)
         except Exception as e:  # a stale or unreadable entry: build from scratch
             log.warning("boo: cached lowering for %s is unusable (%s); rebuilding", name, e)
@@ -378,7 +431,7 @@ class CompiledGraph:
         composites = match.apply(graph, self.opts, target.kind)
         if dump:
             write_atomic(dump / "graph.txt", _describe(graph))
-        extern_nodes = extern.choose(graph, self.opts.aten_matmul, target, self.cache, self.opts)
+        extern_nodes = extern.choose(graph, self.aten_matmul, target, self.cache, self.opts)
         places = node_places(graph, plan, extern_nodes)
         aten = sum(p == "aten" and n.target is not operator.getitem for n, p in places.items())
         island = sum(p == "eager" and n.target is not operator.getitem for n, p in places.items())
@@ -415,7 +468,10 @@ class CompiledGraph:
 
     def _function(self, vmfb: bytes, lowered: Lowered, target: Target, name: str, part: str) -> IreeFunction:
         """The loaded module, on the CPU driver BOO_CPU_DRIVER names, or the one an earlier
-        process measured as faster for this module on this host, or one it will measure."""
+        process measured as faster for this module on this host, or one it will measure. With
+        compile_only, nothing is loaded."""
+        if self.opts.compile_only:
+            return _NotLoaded()
         drivers = self._drivers
         driver, remember = None, None
         if target.is_cpu and self.opts.cpu_driver != "auto":
@@ -431,7 +487,7 @@ class CompiledGraph:
                     self.cache.put_json(key, {"driver": chosen})
                 remember = store
         function = IreeFunction(vmfb, target, graph=name, writes=frozenset(lowered.writes),
-                                driver=driver, remember=remember)
+                                driver=driver, remember=remember, sync=self.opts.sync)
         if function.driver:
             drivers[part] = function.driver
         return function

@@ -1,6 +1,7 @@
 """Run compiled IREE modules on torch tensors, passing buffers both ways through DLPack.
 
-Imports only compile (for Target) and config from boo_backend.
+Imports gpu (devices, fences and ordering for GPU modules), compile (for Target) and config
+from boo_backend.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import iree.runtime as rt
 import torch
 from torch.utils.dlpack import to_dlpack
 
+from . import gpu
 from .compile import Target
 from .config import BooError
 
@@ -28,7 +30,6 @@ rt._binding.disable_leak_checker()
 _ALIGN = 64  # IREE's heap buffers must start on a 64-byte boundary.
 # The first call snapshots the arguments it passes zero-copy, up to this many bytes in all.
 _SNAPSHOT_LIMIT = 256 << 20
-_DLPACK_DEVICE = {"cpu": 1, "cuda": 2, "hip": 10}
 
 
 @functools.cache
@@ -37,7 +38,7 @@ def _instance() -> rt.VmInstance:
 
 
 @functools.cache
-def _device(driver: str) -> rt.HalDevice:
+def _cpu_device(driver: str) -> rt.HalDevice:
     return rt.get_device(driver)
 
 
@@ -45,18 +46,32 @@ class BooRuntimeError(BooError):
     """IREE failed while running a compiled graph."""
 
 
-def _importable(t: torch.Tensor | int, copy: bool = False) -> torch.Tensor | int:
+def _importable(t: torch.Tensor | int, copy: bool = False, device: torch.device | None = None) -> torch.Tensor | int:
     """`t` itself when IREE can import its memory, else a dense, aligned copy (always a copy
-    when `copy`: the module writes into that argument). An empty tensor is always made
-    afresh: torch calls one with any strides contiguous, which IREE's import rejects. A size
-    (an int: a graph with dynamic shapes takes some) passes as it is."""
+    when `copy`: the module writes into that argument) on the module's device: `device`
+    for a GPU module, the CPU when None. An empty tensor is always made afresh: torch calls
+    one with any strides contiguous, which IREE's import rejects. A size (an int: a graph
+    with dynamic shapes takes some) passes as it is."""
     if not isinstance(t, torch.Tensor):
         return t
-    if not copy and t.numel() and t.is_contiguous() and t.data_ptr() % _ALIGN == 0:
+    moved = t.device != device if device is not None else t.is_cuda
+    if not (copy or moved) and t.numel() and t.is_contiguous() and t.data_ptr() % _ALIGN == 0:
         return t
-    out = torch.empty(t.shape, dtype=t.dtype, device=t.device)
+    out = torch.empty(t.shape, dtype=t.dtype, device=device or (t.device if not moved else "cpu"))
     out.copy_(t)
     return out
+
+
+def _elsewhere(tensors: list, on_gpu: bool) -> torch.device | None:
+    """Where the results go when no tensor of the call is on the module's side (a CPU
+    module called with CUDA tensors, or the reverse): the first tensor's device."""
+    first = None
+    for t in tensors:
+        if isinstance(t, torch.Tensor):
+            if t.is_cuda == on_gpu:
+                return None
+            first = first or t.device
+    return first
 
 
 def _spans(tensors: list[torch.Tensor]) -> list[tuple[int, int, int]]:
@@ -82,17 +97,30 @@ def _overlapping(spans: list[tuple[int, int, int]]) -> list[int]:
 
 
 class _Loaded:
-    """The module loaded for one runtime driver: its context and `main`."""
+    """The module loaded on one HAL device: its context and `main`, and for a module that
+    takes fences (every GPU module), the gpu.Queue that supplies them."""
 
-    def __init__(self, module: rt.VmModule, driver: str, name: str, graph: str):
+    def __init__(self, module: rt.VmModule, device: rt.HalDevice, name: str, graph: str,
+                 queue: "gpu.Queue | None" = None):
         inst = _instance()
-        self.driver = driver
-        self.device = _device(driver)
-        self.context = rt.VmContext(inst, [rt.create_hal_module(inst, self.device), module])
+        self.device = device
+        self.context = rt.VmContext(inst, [rt.create_hal_module(inst, device), module])
+        if queue is not None:
+            name += "$async"
         self.function = module.lookup_function(name)
         if self.function is None:
             raise BooRuntimeError(f"boo: compiled module of graph {graph} has no function {name!r}")
-        self.dl_device = _DLPACK_DEVICE["cpu" if driver.startswith("local") else driver]
+        self.queue = queue
+
+    def run(self, passed: list, num_results: int, sync: bool) -> list[torch.Tensor]:
+        args = _arguments(self.device, passed)
+        if self.queue is not None:
+            return self.queue.export(self.queue.invoke(self.context, self.function, args, num_results, sync))
+        results = rt.VmVariantList(num_results)
+        self.context.invoke(self.function, args, results)
+        export = self.device.create_dlpack_capsule
+        return [torch.from_dlpack(export(results.get_as_object(i, rt.HalBufferView), gpu.DLPACK_CPU, 0))
+                for i in range(len(results))]
 
 
 # How a CPU module picks its driver when BOO_CPU_DRIVER=auto: after its first call, it is
@@ -122,16 +150,27 @@ class IreeFunction:
 
     `driver` names the runtime driver; None lets the function choose among the target's
     drivers by timing its first calls (see _ROUNDS), and tells `remember` what it chose.
+    A GPU module is loaded once per gpu.Queue (a torch device, and on ROCm a stream) it is
+    called on. `sync`: wait for the device after every call (BOO_SYNC).
     """
 
     def __init__(self, vmfb: bytes, target: Target, name: str = "main", graph: str = "?",
                  writes: frozenset[int] = frozenset(), driver: str | None = None,
-                 remember=None):
+                 remember=None, sync: bool = False):
         self.target = target
         self.graph = graph
+        self.sync = sync
         self._name = name
         self._module = rt.VmModule.copy_buffer(_instance(), vmfb)
-        self._loaded: dict[str, _Loaded] = {}
+        self._loaded: dict = {}
+        self._gpu = not target.is_cpu
+        if self._gpu:
+            self.driver = target.driver
+            self._remember = None
+            self.writes = set(writes)
+            self._checked = False
+            self._lock = threading.Lock()
+            return
         choices = target.drivers
         if driver is not None and driver not in choices:
             raise BooRuntimeError(f"boo: driver {driver!r} cannot run {target.name} modules; use one of {choices}")
@@ -145,24 +184,36 @@ class IreeFunction:
 
     def _load(self, driver: str) -> _Loaded:
         if driver not in self._loaded:
-            self._loaded[driver] = _Loaded(self._module, driver, self._name, self.graph)
+            device = _cpu_device(driver)
+            # A fenced CPU target (tests) runs the GPU calling convention on the CPU.
+            queue = gpu.Queue(device, gpu.DLPACK_CPU, 0, host_wait=True) if self.target.fenced else None
+            self._loaded[driver] = _Loaded(self._module, device, self._name, self.graph, queue)
         return self._loaded[driver]
 
     def _use(self, driver: str) -> None:
         if driver == "local-task" and self.driver == driver:
             _hint_wait_policy()
-        loaded = self._load(driver)
-        self.device = loaded.device
-        self._context, self._function, self._dl_device = loaded.context, loaded.function, loaded.dl_device
+        self._current = self._load(driver)
+        self.device = self._current.device
+        self._context, self._function = self._current.context, self._current.function
+
+    def _on_gpu(self, passed: list) -> _Loaded:
+        """The module loaded on the Queue of this call's device (and ROCm stream)."""
+        queue = gpu.queue_for(self.driver, gpu.torch_device_index(passed))  # every tensor is there now
+        loaded = self._loaded.get(queue)
+        if loaded is None:
+            loaded = self._loaded[queue] = _Loaded(self._module, queue.hal, self._name, self.graph, queue)
+        return loaded
 
     def __call__(self, tensors: list[torch.Tensor], num_results: int) -> list[torch.Tensor]:
-        passed = [_importable(t, i in self.writes) for i, t in enumerate(tensors)]
+        device = torch.device("cuda", gpu.torch_device_index(tensors)) if self._gpu else None
+        passed = [_importable(t, i in self.writes, device) for i, t in enumerate(tensors)]
         spans = _spans(passed)
         if len(spans) > 1:
             shared = _overlapping(spans)
             if shared:
                 for i in shared:
-                    passed[i] = _importable(passed[i], copy=True)
+                    passed[i] = _importable(passed[i], True, device)
                 spans = _spans(passed)
         if not self._checked:
             return self._first_call(tensors, passed, spans, num_results)
@@ -219,10 +270,8 @@ class IreeFunction:
         self._decide(best, ", ".join(f"{d} {t * 1e6:.0f} us" for d, t in times.items()))
 
     def _timed_invoke(self, loaded: _Loaded, passed, num_results) -> float:
-        args = _arguments(loaded.device, passed)
-        results = rt.VmVariantList(num_results)
         start = time.perf_counter()
-        loaded.context.invoke(loaded.function, args, results)
+        loaded.run(passed, num_results, self.sync)
         return time.perf_counter() - start
 
     def _decide(self, driver: str, why: str) -> None:
@@ -233,11 +282,12 @@ class IreeFunction:
             self._remember(driver)
 
     def _invoke(self, tensors, passed, spans, num_results):
-        args = _arguments(self.device, passed)
-        results = rt.VmVariantList(num_results)
         try:
             with self._lock:
-                self._context.invoke(self._function, args, results)
+                loaded = self._on_gpu(passed) if self._gpu else self._current
+                out = loaded.run(passed, num_results, self.sync)
+        except gpu.BooDeviceError:
+            raise
         except Exception as e:  # IREE reports its runtime errors as IndexError/RuntimeError
             shapes = ", ".join(f"{tuple(t.shape)} {t.dtype}" if isinstance(t, torch.Tensor) else repr(t)
                                for t in tensors)
@@ -245,21 +295,19 @@ class IreeFunction:
                 f"boo: IREE failed while running graph {self.graph} on ({shapes}): "
                 f"{str(e).strip().splitlines()[0]}. Unset BOO_STRICT and set BOO_CACHE=0 to retry, "
                 "or file the module that BOO_DUMP_DIR writes"
+                + ("" if self.sync or not self._gpu else "; BOO_SYNC=1 makes each graph's error show at its own call")
             ) from e
-        device_id = next((t.device.index for t in tensors if isinstance(t, torch.Tensor)), None) or 0
-        export = self.device.create_dlpack_capsule
-        dl_device = self._dl_device
-        out = [
-            torch.from_dlpack(export(results.get_as_object(i, rt.HalBufferView), dl_device, device_id))
-            for i in range(len(results))
-        ]
+        home = _elsewhere(tensors, self._gpu)
+        if home is not None:
+            out = [r.to(home) for r in out]
         return _unalias(out, spans)
 
 
 def _arguments(device: rt.HalDevice, passed: list[torch.Tensor]) -> rt.VmVariantList:
     """The call's argument list: each tensor imported zero-copy through DLPack, each size as
-    an i64. (IREE 3.13's VmVariantList cannot be cleared, so one is built per call.)"""
-    args = rt.VmVariantList(len(passed))
+    an i64, and room for the two fences of a fenced module. (IREE 3.13's VmVariantList
+    cannot be cleared, so one is built per call.)"""
+    args = rt.VmVariantList(len(passed) + 2)
     from_dlpack = device.from_dlpack_capsule
     for t in passed:
         if isinstance(t, torch.Tensor):
