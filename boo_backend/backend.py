@@ -5,15 +5,18 @@ Top of the import chain: backend -> match -> partition -> lower -> compile -> ru
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 
+import torch
 import torch.fx as fx
 from torch._dynamo.backends.common import aot_autograd
 from torch._functorch import config as functorch_config
 from torch._functorch.partitioners import default_partition, min_cut_rematerialization_partition
 
 from . import composites, match, patterns
+from .compile import Target, parse_target, target_for_device
 from .config import Options
 from .graph import CompiledGraph
 
@@ -37,8 +40,28 @@ def boo(gm: fx.GraphModule, example_inputs, options: dict | None = None, **kwarg
 
     # AOTAutograd's own CSE pass costs ~0.5 s on a transformer layer's joint graph; IREE
     # runs CSE on every module anyway, so the warm start skips it.
-    with functorch_config.patch(cse=False):
+    with functorch_config.patch(cse=False), _attention_for(_target(opts, example_inputs)):
         return _aot(opts, compiler)(gm, example_inputs)
+
+
+def _target(opts: Options, example_inputs) -> Target:
+    if opts.target:
+        return parse_target(opts.target)
+    device = next((t.device for t in example_inputs if isinstance(t, torch.Tensor)), torch.device("cpu"))
+    return target_for_device(device)
+
+
+def _attention_for(target: Target):
+    """How F.scaled_dot_product_attention is traced. On the CPU it becomes the CPU flash ops,
+    which the attention composite computes. For a GPU target, its math form (matmuls and a
+    softmax, which the softmax composite computes): on CUDA tensors it would otherwise become
+    CUDA-only kernels (flash, memory-efficient, cuDNN) that boo can only run as eager islands,
+    and the graph would differ from the one a compile_only run traced on the CPU."""
+    if target.is_cpu:
+        return contextlib.nullcontext()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    return sdpa_kernel([SDPBackend.MATH])
 
 
 def _aot(opts: Options, compiler):

@@ -48,6 +48,9 @@ def test_gpt2_cross_compiles(target, arch_flag, tmp_path, monkeypatch, caplog):
     kinds = {p.kind for p in placed}
     assert {"forward", "backward"} <= kinds
     assert all(p.compile_only == target and p.island == 0 and not p.recovered for p in placed)
+    # Attention was traced in its math form, as on the GPU (backend._attention_for).
+    names = {n for p in placed for n, _ in p.composite_names}
+    assert "_softmax" in names and not any("flash_attention" in n for n in names)
     for p in placed:
         parts = sorted((dump / p.name).glob("*.vmfb"))
         assert parts, f"{p.name}: no module written"

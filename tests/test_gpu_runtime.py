@@ -10,6 +10,7 @@
 Running on a real GPU is in test_gpu_run.py (marked `gpu`).
 """
 
+import copy
 import dataclasses
 import logging
 
@@ -68,6 +69,29 @@ def test_fenced_modules_train_like_eager(monkeypatch, sync):
         torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-6)
     assert queues and all(s is sync for _, s in queues)
     assert all(q.host_wait for q, _ in queues)  # a CPU queue always waits for its fence
+
+
+def test_attention_traced_as_for_a_gpu_trains_like_eager(monkeypatch):
+    """A GPU target traces F.scaled_dot_product_attention in its math form (CUDA's own
+    kernels would be eager islands); here that form runs on the CPU against eager."""
+    from boo_backend import backend
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    monkeypatch.setattr(backend, "_attention_for", lambda target: sdpa_kernel([SDPBackend.MATH]))
+    torch.manual_seed(0)
+    layer = torch.nn.TransformerEncoderLayer(32, 4, 64, dropout=0.0, batch_first=True)
+    ref = copy.deepcopy(layer)
+    x = torch.randn(2, 10, 32)
+    mask = torch.nn.Transformer.generate_square_subsequent_mask(10)
+    out = torch.compile(layer, backend="boo")(x, src_mask=mask, is_causal=True)
+    out.square().mean().backward()
+    expected = ref(x, src_mask=mask, is_causal=True)
+    expected.square().mean().backward()
+    torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-5)
+    for p, q in zip(layer.parameters(), ref.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5)
+    names = {n for p in boo_backend.placements() for n, _ in p.composite_names}
+    assert "_softmax" in names and not any("flash_attention" in n for n in names)
 
 
 def _fake_hal():
