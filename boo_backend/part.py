@@ -70,6 +70,11 @@ class IreePart(torch.nn.Module):
             (j, getattr(torch, name)) for j, name in enumerate(lowered.result_dtypes)
             if name.startswith("uint")
         ]
+        # A GPU module's constants (tensors the graph holds, on the CPU) are copied to the
+        # call's device once, not at every call.
+        target = getattr(function, "target", None)
+        self._consts_moved = target is not None and not target.is_cpu and any(k == "const" for k, _ in lowered.inputs)
+        self._inputs_on: dict[torch.device, list] = {}
 
     def _concrete(self, args) -> tuple[list, dict]:
         """For this call's sizes: the results to restride, and the values of returned sizes."""
@@ -85,12 +90,25 @@ class IreePart(torch.nn.Module):
             found = self._per_sizes[key] = (restride, values)
         return found
 
+    def _inputs_for(self, args) -> list:
+        """`lowered.inputs` with the constants on the device of the call's GPU tensors."""
+        device = next((a.device for a in args if isinstance(a, torch.Tensor) and a.is_cuda), None)
+        if device is None:
+            return self.lowered.inputs
+        found = self._inputs_on.get(device)
+        if found is None:
+            found = self._inputs_on[device] = [
+                (k, v.to(device) if k == "const" and isinstance(v, torch.Tensor) else v) for k, v in self.lowered.inputs
+            ]
+        return found
+
     def forward(self, *args):
         low = self.lowered
         results: list = []
         restride, sizes = self._concrete(args) if self._sizes else ((), {})
         if self.function is not None:
-            tensors = [args[v] if k == "arg" else v for k, v in low.inputs]
+            inputs = self._inputs_for(args) if self._consts_moved else low.inputs
+            tensors = [args[v] if k == "arg" else v for k, v in inputs]
             results = self.function(tensors, len(low.result_layouts))
             for j, dtype in self.retype:
                 results[j] = results[j].view(dtype)
