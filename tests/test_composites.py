@@ -360,17 +360,29 @@ def _meta_results(op, args, kwargs) -> list:
     return list(out) if isinstance(out, (tuple, list)) else [out]
 
 
-def check_against_float64(name, dtype, shape, variant, contiguous=True, expect_composite=True):
+def _moved(v, device):
+    """Tensors (in nests) on `device`, strides kept; anything else as it is."""
+    if isinstance(v, torch.Tensor):
+        return v.to(device)
+    if isinstance(v, (tuple, list)):
+        return [_moved(x, device) for x in v] if isinstance(v, list) else tuple(_moved(x, device) for x in v)
+    return v
+
+
+def check_against_float64(name, dtype, shape, variant, contiguous=True, expect_composite=True, device="cpu"):
+    """`device`: where boo runs the op. Inputs are made on the CPU and moved there; the
+    references (float64 and eager at `dtype`) are computed on the CPU."""
     row = ROWS[name]
     torch.manual_seed(seed_for(name, shape, variant))
     args, kwargs = row.make(shape, dtype, contiguous, variant)
     op = composites.by_name(name).op
+    on_device = {k: _moved(v, device) for k, v in kwargs.items()}
 
     def fn(*a):
-        return op(*a, **kwargs)
+        return op(*a, **on_device)
 
     boo_backend.reset()
-    ours = torch.compile(fn, backend="boo", dynamic=False)(*args)
+    ours = _moved(torch.compile(fn, backend="boo", dynamic=False)(*_moved(args, device)), "cpu")
     if row.eager_needs_contiguous:
         args = [a.contiguous() if isinstance(a, torch.Tensor) else a for a in args]
     ref = op(*row.reference_args([_to64(a) for a in args]), **{k: _to64(v) for k, v in kwargs.items()})
