@@ -131,7 +131,7 @@ def _rel_error(ours, ref) -> float:
     worst = 0.0
     for a, b in zip(_tensors(ours), _tensors(ref)):
         if b.numel():
-            worst = max(worst, (a.double() - b).abs().max().item() / max(b.abs().max().item(), 1e-30))
+            worst = max(worst, (a.double().cpu() - b).abs().max().item() / max(b.abs().max().item(), 1e-30))
     return worst
 
 
@@ -168,15 +168,21 @@ def measure(cmd: Command, device: torch.device, progress=None) -> list[dict]:
         args, kwargs = entry.sample(cmd.shape, DTYPES[cmd.dtype], cmd.flags)
         args = [a.to(device) if isinstance(a, torch.Tensor) else a for a in args]
         tensors = [a for a in args if isinstance(a, torch.Tensor)]
-        reference = entry.op(*[a.double() if isinstance(a, torch.Tensor) else a for a in args], **kwargs)
-        moved = sum(t.numel() * t.element_size() for t in tensors + _tensors(entry.op(*args, **kwargs)))
+        # On the CPU: some composite ops have no kernel on a GPU (the CPU flash attention).
+        reference = entry.op(*[a.double().cpu() if isinstance(a, torch.Tensor) else a for a in args], **kwargs)
+        outputs = entry.op(*[a.cpu() if isinstance(a, torch.Tensor) else a for a in args], **kwargs)
+        moved = sum(t.numel() * t.element_size() for t in tensors + _tensors(outputs))
         src = torch.empty(max(moved // 2, 1), dtype=torch.uint8, device=device).random_()
         dst = torch.empty_like(src)
         torch._dynamo.reset()  # once per op: the backends' compiled functions live side by side
-        fns, errors = {}, {}
+        fns, errors, failed = {}, {}, {}
         for backend in cmd.backends:
             fn = _callable(backend, entry.op, args, kwargs)
-            errors[backend] = _rel_error(fn(*tensors), reference)  # compiles
+            try:
+                errors[backend] = _rel_error(fn(*tensors), reference)  # compiles
+            except Exception as e:  # e.g. eager on a GPU, for an op with a CPU kernel only
+                failed[backend] = str(e).strip().splitlines()[0][:120] if str(e).strip() else type(e).__name__
+                continue
             fns[backend] = functools.partial(fn, *tensors)
         fns[_COPY] = functools.partial(dst.copy_, src)
         for fn in fns.values():
@@ -186,6 +192,14 @@ def measure(cmd: Command, device: torch.device, progress=None) -> list[dict]:
         times = interleaved(fns, cmd.iters, cmd.runs, sync=(lambda: _sync(device)) if device.type != "cpu" else None)
         copy = 2 * src.numel() / summarize(times[_COPY])["median_ms"] / 1e6
         for backend in cmd.backends:
+            if backend in failed:
+                row = {c: "" for c in CSV_COLUMNS} | {
+                    "op": entry.name, "shape": "x".join(map(str, cmd.shape)), "dtype": cmd.dtype,
+                    "flags": cmd.flags, "backend": backend, "numerics": f"ERROR: {failed[backend]}"} | host
+                rows.append(row)
+                if progress:
+                    progress(row)
+                continue
             st = summarize(times[backend], times.get("eager"))
             gbps = moved / st["median_ms"] / 1e6
             row = {

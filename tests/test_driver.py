@@ -101,3 +101,25 @@ def test_optional_flags_are_dropped_when_the_compiler_rejects_them(tmp_path):
         "  return %0 : !torch.vtensor<[4],f32>\n}\n"
     )
     assert compile_mlir(text, target, CompileCache(tmp_path, enabled=False))
+
+
+def test_a_backend_that_cannot_run_the_op_is_a_row_not_a_crash(monkeypatch):
+    """On a GPU, eager cannot run an op with a CPU kernel only (the CPU flash attention): that
+    backend gets an ERROR row, the others are timed, and the reference is computed on the CPU."""
+    real = driver._callable
+
+    def callable_(backend, op, args, kwargs):
+        if backend == "eager":
+            def fails(*tensors):
+                raise NotImplementedError("Could not run 'aten::op' with arguments from the 'CUDA' backend.")
+            return fails
+        return real(backend, op, args, kwargs)
+
+    monkeypatch.setattr(driver, "_callable", callable_)
+    cmd = driver.parse_command("layer_norm -X 64x32 -F 1 --backend eager,boo --iter 2 --runs 1 --warmup 1")
+    rows = driver.measure(cmd, torch.device("cpu"))
+    by_backend = {r["backend"]: r for r in rows}
+    assert by_backend["eager"]["numerics"].startswith("ERROR: Could not run 'aten::op'")
+    assert by_backend["eager"]["median_ms"] == ""
+    assert by_backend["boo"]["numerics"] == "ok" and by_backend["boo"]["median_ms"] > 0
+    assert by_backend["boo"]["speedup_vs_eager"] == ""

@@ -2,7 +2,7 @@
 static sizes and with its batch, row and sequence dims dynamic.
 
 Hopper (sm_90) has no IREE 3.13 target; boo compiles sm_89 code for it (see compile.py).
-Running on a GPU is marked `gpu` and skipped on machines without one.
+Running on a GPU: test_gpu_run.py (marked `gpu`, skipped on machines without one).
 """
 
 import pytest
@@ -109,14 +109,3 @@ def test_hopper_gets_sm89_code(tmp_path):
     target = parse_target("cuda:sm_90")
     assert "--iree-cuda-target=sm_89" in target.flags
     assert compile_mlir(_lowered("gelu", torch.float32, "cuda:sm_90"), target, CompileCache(tmp_path, enabled=False))
-
-
-@pytest.mark.gpu
-def test_runs_on_gpu():
-    if not torch.cuda.is_available():
-        pytest.skip("no CUDA or ROCm device on this machine")
-    x = torch.randn(64, 256, device="cuda", requires_grad=True)
-    ln = torch.nn.LayerNorm(256).cuda()
-    out = torch.compile(lambda t: torch.nn.functional.gelu(ln(t)), backend="boo")(x)
-    out.sum().backward()
-    assert x.grad is not None
