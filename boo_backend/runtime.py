@@ -163,24 +163,18 @@ class IreeFunction:
         self._name = name
         self._module = rt.VmModule.copy_buffer(_instance(), vmfb)
         self._loaded: dict = {}
-        self._gpu = not target.is_cpu
-        if self._gpu:
-            self.driver = target.driver
-            self._remember = None
-            self.writes = set(writes)
-            self._checked = False
-            self._lock = threading.Lock()
-            return
-        choices = target.drivers
-        if driver is not None and driver not in choices:
-            raise BooRuntimeError(f"boo: driver {driver!r} cannot run {target.name} modules; use one of {choices}")
-        self.driver = driver if driver is not None or len(choices) > 1 else choices[0]
-        self._remember = remember
-        self._use(self.driver or target.driver)
         self.writes = set(writes)
         self._checked = False
         # IREE contexts are not re-entrant; serialize calls from several threads.
         self._lock = threading.Lock()
+        self._remember = remember
+        self._gpu = not target.is_cpu
+        choices = target.drivers
+        if driver is not None and driver not in choices:
+            raise BooRuntimeError(f"boo: driver {driver!r} cannot run {target.name} modules; use one of {choices}")
+        self.driver = driver if driver is not None or len(choices) > 1 else choices[0]
+        if not self._gpu:  # a GPU module is loaded on its first call's device (_on_gpu)
+            self._use(self.driver or target.driver)
 
     def _load(self, driver: str) -> _Loaded:
         if driver not in self._loaded:
