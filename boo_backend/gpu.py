@@ -125,7 +125,8 @@ def _driver(name: str) -> rt.HalDriver:
         elif name == "hip":
             path = _torch_hip_library()
             if path:
-                rt.flags.parse_flags(f"--hip_dylib_path={path}")
+                # A bare path names a directory to search; "file:" names the library itself.
+                rt.flags.parse_flags(f"--hip_dylib_path=file:{path}")
             else:
                 log.warning("boo: cannot find the libamdhip64 torch loaded; IREE loads its own, "
                             "and torch's stream may not be valid in it")
@@ -145,6 +146,10 @@ def _device_info(driver: str, index: int) -> dict:
     devices differently (CUDA_DEVICE_ORDER, several GPUs)."""
     uuid = _uuid(torch.cuda.get_device_properties(index).uuid)
     infos = _device_infos(driver)
+    if uuid not in infos and len(infos) == 1 == torch.cuda.device_count():
+        log.warning("boo: IREE's %s device %s does not carry the UUID torch reports for cuda:%d (%s); "
+                    "it is the only GPU either sees, so boo uses it", driver, next(iter(infos)), index, uuid)
+        return next(iter(infos.values()))
     if uuid not in infos:
         raise BooDeviceError(
             f"boo: IREE's {driver} driver has no device with the UUID of torch's cuda:{index} ({uuid}); "

@@ -158,8 +158,14 @@ def test_devices_are_matched_by_uuid(monkeypatch):
         assert gpu._device_info("cuda", 1)["device_id"] == 7
         assert gpu._device_info("cuda", 0)["device_id"] == 9
         uuids[2] = "cccccccc-0000-0000-0000-000000000003"
+        monkeypatch.setattr(torch.cuda, "device_count", lambda: 3)
         with pytest.raises(gpu.BooDeviceError, match="no device with the UUID"):
             gpu._device_info("cuda", 2)
+        # One GPU on each side: that one, whatever UUID each reports (with a warning).
+        del infos[1]
+        gpu._device_infos.cache_clear()
+        monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+        assert gpu._device_info("cuda", 2)["device_id"] == 7
     finally:
         gpu._device_infos.cache_clear()
 
@@ -193,7 +199,7 @@ def test_driver_flags_come_before_the_driver(monkeypatch):
     gpu._driver("hip")
     gpu._driver("cuda")
     assert events == [("flags", "--cuda_async_allocations=false"), ("driver", "cuda"),
-                      ("flags", "--hip_dylib_path=/opt/torch/lib/libamdhip64.so"), ("driver", "hip"),
+                      ("flags", "--hip_dylib_path=file:/opt/torch/lib/libamdhip64.so"), ("driver", "hip"),
                       ("driver", "cuda")]
 
 
