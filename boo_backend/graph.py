@@ -211,9 +211,11 @@ class CompiledGraph:
     def _compile_only(self, args: list) -> None:
         """Compile this call's module(s) for the target without loading them (compile_only)."""
         _say_compile_only(self._target(args).name)
-        if self.dynamic and not self._runners:
-            try:
-                self._runners[None] = self._build(args, 0, dynamic=True)
+        if self.dynamic:
+            if self._dynamic_runner is not None:
+                return
+            try:  # not run, so not checked against eager (see _build_dynamic)
+                self._dynamic_runner = self._build(args, 0, dynamic=True)
                 return
             except _NotDynamic as e:
                 log.debug("boo: %s graph %s does not compile with dynamic shapes (%s)", self.kind, self.name, e)

@@ -73,3 +73,21 @@ def test_compile_only_needs_a_target():
     model = torch.nn.Linear(4, 4)
     with pytest.raises(Exception, match="BooError: compile_only .* needs a target"):
         torch.compile(model, backend="boo", options={"compile_only": True})(torch.randn(2, 4))
+
+
+def test_dynamic_graphs_cross_compile_once(tmp_path, monkeypatch):
+    """A graph with symbolic sizes is compiled once, with dynamic dims, for every size."""
+    monkeypatch.setenv("BOO_CACHE_DIR", str(tmp_path / "cache"))
+    boo_backend.reset()
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.LayerNorm(32), torch.nn.GELU(), torch.nn.Linear(32, 8))
+    run = torch.compile(model, backend="boo", dynamic=True, options={"compile_only": True, "target": "rocm:gfx942"})
+    for batch in (3, 5, 7):
+        x = torch.randn(batch, 32)
+        out = run(x)
+        out.sum().backward()
+        torch.testing.assert_close(out, model(x))
+    placed = boo_backend.placements()
+    assert [p.kind for p in placed] == ["forward", "backward"]
+    assert all(p.dynamic and p.compile_only == "rocm:gfx942" for p in placed)
+    assert boo_backend.stats()["iree_compiles"] == 2
