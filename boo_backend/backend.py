@@ -9,14 +9,13 @@ import contextlib
 import itertools
 import logging
 
-import torch
 import torch.fx as fx
 from torch._dynamo.backends.common import aot_autograd
 from torch._functorch import config as functorch_config
 from torch._functorch.partitioners import default_partition, min_cut_rematerialization_partition
 
 from . import composites, match, patterns
-from .compile import Target, parse_target, target_for_device
+from .compile import Target, target_for
 from .config import Options
 from .graph import CompiledGraph
 
@@ -40,15 +39,8 @@ def boo(gm: fx.GraphModule, example_inputs, options: dict | None = None, **kwarg
 
     # AOTAutograd's own CSE pass costs ~0.5 s on a transformer layer's joint graph; IREE
     # runs CSE on every module anyway, so the warm start skips it.
-    with functorch_config.patch(cse=False), _attention_for(_target(opts, example_inputs)):
+    with functorch_config.patch(cse=False), _attention_for(target_for(opts.target, example_inputs)):
         return _aot(opts, compiler)(gm, example_inputs)
-
-
-def _target(opts: Options, example_inputs) -> Target:
-    if opts.target:
-        return parse_target(opts.target)
-    device = next((t.device for t in example_inputs if isinstance(t, torch.Tensor)), torch.device("cpu"))
-    return target_for_device(device)
 
 
 def _attention_for(target: Target):

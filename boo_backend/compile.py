@@ -128,6 +128,17 @@ def _log_newer_cuda(arch: str) -> None:
              arch, _CUDA_NEWEST, arch)
 
 
+def target_for(spec: str | None, tensors) -> Target:
+    """`spec` (BOO_TARGET) when given, else the target for the tensors' device: a GPU's when
+    any tensor is on one (a CPU scalar may come first), else the CPU's."""
+    if spec:
+        return parse_target(spec)
+    import torch
+
+    found = [t.device for t in tensors if isinstance(t, torch.Tensor)]
+    return target_for_device(next((d for d in found if d.type != "cpu"), torch.device("cpu")))
+
+
 def target_for_device(device) -> Target:
     """The default target for tensors on `device` (a torch.device)."""
     if device.type == "cpu":

@@ -22,7 +22,7 @@ import torch.fx as fx
 from . import extern, match, symbolic
 from .cache import CompileCache, write_atomic
 from .compile import (
-    BooCompileError, Target, compile_flags, compile_mlir, parse_target, target_for_device, unconverted_ops,
+    BooCompileError, Target, compile_flags, compile_mlir, target_for, unconverted_ops,
 )
 from .config import BooError, BooFallbackWarning, BooStrictError, Options
 from .diagnose import Unlowerable, failing_ops, first_error, unlinked_ops
@@ -227,10 +227,7 @@ class CompiledGraph:
     # -- building -------------------------------------------------------------------------
 
     def _target(self, args) -> Target:
-        if self.opts.target:
-            return parse_target(self.opts.target)
-        device = next((a.device for a in args if isinstance(a, torch.Tensor)), torch.device("cpu"))
-        return target_for_device(device)
+        return target_for(self.opts.target, args)
 
     def _build_dynamic(self, args: list):
         """The first call's outputs from the module for every size, or None (and per-shape
@@ -345,7 +342,7 @@ class CompiledGraph:
                 function = self._function(vmfb, lowered, target, name, "module")
             extra["island_ops"] = tuple(extra["island_ops"])
             extra["composite_names"] = tuple(tuple(c) for c in extra.get("composite_names", ()))
-            compile_only = target.name if function is not None and self.opts.compile_only else ""
+            compile_only = self._target(args).name if self.opts.compile_only else ""
             self._record(Placement(name=name, drivers=self._drivers, compile_only=compile_only, **extra))
             return IreePart(lowered, function)
         except Exception as e:  # a stale or unreadable entry: build from scratch

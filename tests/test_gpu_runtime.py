@@ -44,7 +44,7 @@ def test_fenced_modules_train_like_eager(monkeypatch, sync):
     """Forward and backward through modules with the GPU calling convention (fences), on the
     CPU: the same values as eager, and every module really took fences."""
     target = _fenced_cpu_target()
-    monkeypatch.setattr(graph, "parse_target", lambda spec: target)
+    monkeypatch.setattr(graph, "target_for", lambda spec, tensors: target)
     queues = []
     real = gpu.Queue.invoke
 
@@ -261,3 +261,15 @@ def test_cpu_modules_take_no_fences(monkeypatch):
     x = torch.randn(16, 48)
     torch.testing.assert_close(torch.compile(torch.nn.functional.gelu, backend="boo")(x), torch.nn.functional.gelu(x))
     assert boo_backend.placements()[-1].iree > 0 and not fenced
+
+
+def test_a_cpu_scalar_does_not_pick_the_target(monkeypatch):
+    """A device graph whose first input is a CPU scalar gets the device's target (a meta
+    tensor stands for the GPU one here)."""
+    from boo_backend import compile as compile_mod
+
+    monkeypatch.setattr(compile_mod, "target_for_device", lambda device: device.type)
+    scalar, other = torch.tensor(2.0), torch.empty(4, device="meta")
+    assert compile_mod.target_for(None, [scalar, 3, other]) == "meta"
+    assert compile_mod.target_for(None, [scalar]) == "cpu"
+    assert compile_mod.target_for("rocm:gfx942", [scalar]).name == "rocm:gfx942"
