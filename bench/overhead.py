@@ -73,10 +73,10 @@ def measure(name: str, driver: str, calls: int, runs: int) -> dict:
     count = len(part.lowered.result_layouts)
     prebuilt = rt.VmVariantList(len(tensors))
     for t in tensors:
-        prebuilt.push_ref(function.device.from_dlpack_capsule(to_dlpack(t)).ref)
+        prebuilt.push_ref(function._current.device.from_dlpack_capsule(to_dlpack(t)).ref)
 
     def invoke():
-        function._context.invoke(function._function, prebuilt, rt.VmVariantList(count))
+        function._current.context.invoke(function._current.function, prebuilt, rt.VmVariantList(count))
 
     timers = {
         "eager": lambda: fn(*args),

@@ -9,7 +9,7 @@ package is not needed for the line above. Controls are in `boo_backend.config`.
 from .backend import boo
 from .cache import STATS, clear_memory
 from .config import BooError, BooFallbackWarning, BooStrictError, Options
-from .graph import PLACEMENTS, Placement
+from .placement import PLACEMENTS, Placement
 
 __all__ = [
     "boo", "BooError", "BooFallbackWarning", "BooStrictError", "Options", "Placement",

@@ -38,7 +38,6 @@ import threading
 
 import iree.runtime as rt
 import torch
-from torch.utils.dlpack import to_dlpack
 
 from .config import BooError
 
@@ -188,10 +187,6 @@ def _make_queue(driver: str, index: int, stream: int) -> Queue:
     # synchronize() waits for every stream of the device: more than the current stream, but
     # one call without building a Stream object.
     return Queue(hal, DLPACK_CUDA, index, host_wait=True, before=sync_device, after=sync_device)
-
-
-def import_tensor(hal: rt.HalDevice, t: torch.Tensor):
-    return hal.from_dlpack_capsule(to_dlpack(t)).ref
 
 
 def torch_device_index(tensors) -> int:

@@ -1,8 +1,8 @@
 """One AOTAutograd graph, compiled and run through IREE: once, with dynamic dimensions, when
 Dynamo traced it with symbolic sizes, else once per concrete input shape.
 
-Imports partition, lower, part, verify, symbolic, diagnose, compile, runtime, cache and config
-from boo_backend.
+Imports partition, lower, part, placement, verify, symbolic, diagnose, compile, runtime, cache
+and config from boo_backend.
 """
 
 from __future__ import annotations
@@ -34,63 +34,10 @@ from .partition import (
     fold_known_sizes, preparation_table, retrace, retrace_symbolic, wrong_in_iree, split_islands,
 )
 from .part import IreePart
+from .placement import PLACEMENTS, Placement
 from .runtime import IreeFunction
 
 log = logging.getLogger("boo_backend")
-
-# Every graph boo has placed, in order; the demo prints these. See boo_backend.placements().
-PLACEMENTS: list["Placement"] = []
-
-
-@dataclasses.dataclass
-class Placement:
-    """Where the ops of one compiled graph went."""
-
-    name: str
-    kind: str  # forward, backward or inference
-    ops: int
-    iree: int
-    decomposed: int
-    island: int
-    aten: int = 0  # left to ATen by choice: matmul kernels (BOO_ATEN_MATMUL) and their views
-    recovered: bool = False
-    island_ops: tuple[str, ...] = ()
-    # The composites used, by name, with counts: (("rms_norm", 2), ("softmax", 1)).
-    composite_names: tuple[tuple[str, int], ...] = ()
-    # The runtime driver of each IREE module ("module", or "submod_N" of a split graph),
-    # filled in when known: a CPU module measures its choice on its first calls.
-    drivers: dict[str, str] = dataclasses.field(default_factory=dict)
-    # Compiled once with dynamic dimensions for every size Dynamo's guards admit.
-    dynamic: bool = False
-    # Compiled for another target (compile_only) and run in eager PyTorch. Not cached.
-    compile_only: str = ""
-
-    @property
-    def composites(self) -> int:
-        """How many nodes composites computed."""
-        return sum(n for _, n in self.composite_names)
-
-    def line(self) -> str:
-        names = ", ".join(name if n == 1 else f"{name} x{n}" for name, n in self.composite_names)
-        text = (
-            f"{self.name}: {self.kind} graph, {self.ops} ops: {self.iree} to IREE "
-            f"({self.composites} as composites{': ' + names if names else ''}), "
-            f"{self.decomposed} decomposed at FX level, {self.island} in eager islands"
-        )
-        if self.aten:
-            text += f", {self.aten} left to ATen (matmul kernels and their views)"
-        if self.island_ops:
-            text += f" [{', '.join(self.island_ops)}]"
-        if self.recovered:
-            text += " (compile failed; whole graph ran in eager PyTorch)"
-        if self.dynamic:
-            text += "; dynamic shapes"
-        if self.compile_only:
-            text += f"; compiled for {self.compile_only} only, ran in eager PyTorch"
-        if self.drivers:
-            text += f"; runs on {', '.join(sorted(set(self.drivers.values())))}"
-        return text
-
 
 def _output_metas(gm: fx.GraphModule, shapes: bool = True) -> list:
     out = next(n for n in gm.graph.nodes if n.op == "output").args[0]

@@ -188,8 +188,6 @@ class IreeFunction:
         if driver == "local-task" and self.driver == driver:
             _hint_wait_policy()
         self._current = self._load(driver)
-        self.device = self._current.device
-        self._context, self._function = self._current.context, self._current.function
 
     def _on_gpu(self, passed: list) -> _Loaded:
         """The module loaded on the Queue of this call's device (and ROCm stream)."""
