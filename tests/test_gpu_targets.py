@@ -75,7 +75,8 @@ def _with_caller(kernel: str) -> str:
     """`kernel` (a private function) and a public @main that calls it, so that it compiles."""
     with ir.Context() as ctx:
         ctx.allow_unregistered_dialects = True
-        fn = ir.Module.parse(kernel).body.operations[0]
+        module = ir.Module.parse(kernel)  # kept alive: `fn` points into it
+        fn = module.body.operations[0]
         ftype = ir.FunctionType(ir.TypeAttr(fn.attributes["function_type"]).value)
         ins, outs = [str(t) for t in ftype.inputs], [str(t) for t in ftype.results]
         name = ir.StringAttr(fn.attributes["sym_name"]).value
