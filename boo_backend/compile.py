@@ -39,6 +39,9 @@ class Target:
     # Flags that make faster code but that the compiler sometimes fails with; a module that
     # fails with them is compiled again without them.
     optional_flags: tuple[str, ...] = ()
+    # What replaces optional_flags for a module with dynamic dims, where they compute wrong
+    # values; None: the same flags.
+    dynamic_optional_flags: tuple[str, ...] | None = None
     # Call the module's `main$async`, which takes a wait and a signal fence and may return
     # before the device is done (every torch-input module has one), instead of `main`,
     # which waits. GPU modules do; see boo_backend.gpu.
@@ -89,6 +92,12 @@ def parse_target(spec: str) -> Target:
             # Packed (data-tiled) matmuls: measured 2x faster on the MLP backward here, but
             # IREE 3.13 fails on some ("operations with large vector sizes"); see compile_mlir.
             optional_flags=("--iree-opt-data-tiling",),
+            # IREE 3.13's default data-tiling path (from dispatch creation) computes a matmul
+            # wrongly when two of its dims are the same dynamic size (scores @ values in
+            # attention, [s0, s1, s1] @ [s0, s1, s2]) and one passes 64: wrong numbers, no
+            # error (tests/test_iree_workarounds.py). The path from global optimization packs
+            # such matmuls right.
+            dynamic_optional_flags=("--iree-global-opt-data-tiling",),
         )
     if kind == "cuda":
         arch = arch or "sm_80"
@@ -174,8 +183,22 @@ class BooCompileError(BooError):
         return sorted({int(n) for n in re.findall(r"<stdin>:(\d+):\d+: error", self.diagnostics)})
 
 
-def compile_flags(target: Target, optional: bool = True) -> list[str]:
-    return ["--iree-input-type=torch", *target.flags, *(target.optional_flags if optional else ())]
+_DYNAMIC_DIM = re.compile(r"vtensor<\[[^\]]*\?|tensor<(?:\d+x)*\?")
+
+
+def has_dynamic_dims(mlir: str) -> bool:
+    """Whether a module's text has a tensor type with a dynamic (`?`) dim."""
+    return _DYNAMIC_DIM.search(mlir) is not None
+
+
+def compile_flags(target: Target, optional: bool = True, dynamic: bool = False) -> list[str]:
+    """iree-compile's flags for `target`; `dynamic` for a module with dynamic dims."""
+    extra = ()
+    if optional:
+        extra = target.optional_flags
+        if dynamic and target.dynamic_optional_flags is not None:
+            extra = target.dynamic_optional_flags
+    return ["--iree-input-type=torch", *target.flags, *extra]
 
 
 class BooCompileTimeout(BooError):
@@ -226,7 +249,8 @@ def compile_mlir(mlir: str, target: Target, cache: CompileCache, timeout: float 
     full flag set even when the module needed the conservative one, so a warm cache never
     retries the failing compile. A compile that ran out of time is remembered with its limit,
     so later processes with the same or a shorter limit fail at once."""
-    flags = compile_flags(target)
+    dynamic = has_dynamic_dims(mlir)
+    flags = compile_flags(target, dynamic=dynamic)
     key = cache.key("vmfb", mlir, *flags, target.name, host=target.host_specific)
     blob = cache.get(key)
     if blob is not None:
@@ -239,10 +263,11 @@ def compile_mlir(mlir: str, target: Target, cache: CompileCache, timeout: float 
         try:
             blob = _run_compiler(mlir, flags, cache, timeout)
         except BooCompileError as e:
-            if not target.optional_flags:
+            optional = set(flags) - set(compile_flags(target, optional=False))
+            if not optional:
                 raise
             log.debug("boo: iree-compile failed with %s; retrying without them:\n%s",
-                      " ".join(target.optional_flags), e.diagnostics[:2000])
+                      " ".join(sorted(optional)), e.diagnostics[:2000])
             blob = _run_compiler(mlir, compile_flags(target, optional=False), cache, timeout)
     except BooCompileTimeout:
         cache.put_json(timed_out, {"limit": timeout})

@@ -22,7 +22,8 @@ import torch.fx as fx
 from . import extern, match, symbolic
 from .cache import CompileCache, write_atomic
 from .compile import (
-    BooCompileError, Target, compile_flags, compile_mlir, target_for, unconverted_ops,
+    BooCompileError, Target, compile_flags, compile_mlir, has_dynamic_dims, target_for,
+    unconverted_ops,
 )
 from .config import BooError, BooFallbackWarning, BooStrictError, Options
 from .diagnose import Unlowerable, failing_ops, first_error, unlinked_ops
@@ -393,7 +394,8 @@ class CompiledGraph:
         lowered = lower(graph)
         if dump:
             write_atomic(dump / f"{part}.mlir", lowered.mlir)
-            write_atomic(dump / f"{part}.flags", "\n".join(compile_flags(target)) + "\n")
+            flags = compile_flags(target, dynamic=has_dynamic_dims(lowered.mlir))
+            write_atomic(dump / f"{part}.flags", "\n".join(flags) + "\n")
         if not compute_nodes(lowered.core):
             return IreePart(lowered, None)
         bad = unregistered_ops(lowered.mlir)

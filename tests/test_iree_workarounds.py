@@ -1,0 +1,69 @@
+"""Minimal repros of IREE 3.13 bugs that boo works around, each a test of the workaround.
+
+A test marked `xfail(strict=True)` runs IREE the way that is wrong: when a new IREE fixes the
+bug, it passes, fails as XPASS, and says that the workaround can go.
+"""
+
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+
+from boo_backend.cache import CompileCache
+from boo_backend.compile import compile_flags, compile_mlir, has_dynamic_dims, parse_target
+from boo_backend.runtime import IreeFunction
+
+# A batched matmul whose M and K are the same dynamic size (s1), as in attention's
+# scores @ values: [s0, s1, s1] @ [s0, s1, s2]. The symbols come from torch-mlir's import of
+# Dynamo's sizes, as every dynamic module boo builds has them.
+SAME_DIM_BMM = """
+func.func @main(%a: !torch.vtensor<[?,?,?],f32>, %b: !torch.vtensor<[?,?,?],f32>) -> !torch.vtensor<[?,?,?],f32> {
+  %s1 = torch.symbolic_int "s1" {min_val = 2, max_val = 9223372036854775807} : !torch.int
+  %s2 = torch.symbolic_int "s2" {min_val = 2, max_val = 9223372036854775807} : !torch.int
+  %s0 = torch.symbolic_int "s0" {min_val = 2, max_val = 9223372036854775807} : !torch.int
+  torch.bind_symbolic_shape %a, [%s1, %s0], affine_map<()[s0, s1] -> (s1, s0, s0)> : !torch.vtensor<[?,?,?],f32>
+  torch.bind_symbolic_shape %b, [%s1, %s2, %s0], affine_map<()[s0, s1, s2] -> (s2, s0, s1)> : !torch.vtensor<[?,?,?],f32>
+  %0 = torch.aten.bmm %a, %b : !torch.vtensor<[?,?,?],f32>, !torch.vtensor<[?,?,?],f32> -> !torch.vtensor<[?,?,?],f32>
+  return %0 : !torch.vtensor<[?,?,?],f32>
+}
+"""
+
+# Below the first call's size, odd, past 64 and past 128, not multiples of 16.
+LENGTHS = [16, 61, 64, 65, 100, 131]
+
+
+def _worst_error(target, tmp_path) -> float:
+    """The largest error of the module over LENGTHS, relative to the result's scale."""
+    vmfb = compile_mlir(SAME_DIM_BMM, target, CompileCache(tmp_path, enabled=False))
+    function = IreeFunction(vmfb, target, graph="same-dim bmm", driver="local-sync")
+    g = torch.Generator().manual_seed(0)
+    worst = 0.0
+    for length in LENGTHS:
+        a = torch.randn(2, length, length, generator=g)
+        b = torch.randn(2, length, 48, generator=g)
+        (out,) = function([a, b], 1)
+        ref = torch.bmm(a.double(), b.double())
+        worst = max(worst, ((out.double() - ref).abs().max() / ref.abs().max()).item())
+    return worst
+
+
+def test_dynamic_modules_use_the_global_optimization_data_tiling_path():
+    target = parse_target("llvm-cpu")
+    assert has_dynamic_dims(SAME_DIM_BMM) and not has_dynamic_dims(
+        "func.func @main(%a: !torch.vtensor<[4,8],f32>) -> !torch.vtensor<[4,8],f32>")
+    assert "--iree-global-opt-data-tiling" in compile_flags(target, dynamic=True)
+    assert "--iree-opt-data-tiling" not in compile_flags(target, dynamic=True)
+    assert "--iree-opt-data-tiling" in compile_flags(target)  # static modules keep the default
+
+
+def test_matmul_with_two_equal_dynamic_dims_is_right_with_boos_flags(tmp_path):
+    assert _worst_error(parse_target("llvm-cpu"), tmp_path) < 1e-5
+
+
+@pytest.mark.xfail(strict=True, reason="IREE 3.13: dispatch-creation data tiling miscomputes a "
+                   "matmul whose M and K are one dynamic size, once it passes 64")
+def test_matmul_with_two_equal_dynamic_dims_on_the_default_data_tiling_path(tmp_path):
+    target = dataclasses.replace(parse_target("llvm-cpu"), dynamic_optional_flags=None)
+    assert "--iree-opt-data-tiling" in compile_flags(target, dynamic=True)
+    assert _worst_error(target, tmp_path) < 1e-5
