@@ -211,9 +211,23 @@ def keep_strides(op, decomposition):
     return run
 
 
+def _implicit_decomposition(op) -> dict:
+    """{op: its own CompositeImplicitAutograd kernel}, where it has one. Dispatch runs such a
+    kernel before any graph is traced, so torch._decomp has no entry for the op; passes that
+    run on the traced graph still emit some. AOTAutograd's tensorify_python_scalars turns the
+    arithmetic on a Python float that dynamic=True left unspecialized (`2.0 / math.pi`) back
+    into 0-d tensor ops, its truediv as aten.true_divide.Tensor, which torch-mlir has no
+    lowering for. Retracing runs the kernel (true_divide is div), so nothing is left to island."""
+    key = torch._C.DispatchKey.CompositeImplicitAutograd
+    if isinstance(op, torch._ops.OpOverload) and torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), key):
+        return {op: op.decompose}
+    return {}
+
+
 def decomposition_table(names: set[str]) -> tuple[dict, set[str]]:
     """Decompositions for the ops named in `names` (boo's own first, then a boo custom op's
-    reference, then torch._decomp); also the names that have none."""
+    reference, then torch._decomp, then the op's CompositeImplicitAutograd kernel); also the
+    names that have none."""
     table: dict = {}
     missing: set[str] = set()
     for name in sorted(names):
@@ -225,7 +239,7 @@ def decomposition_table(names: set[str]) -> tuple[dict, set[str]]:
             elif op.namespace == "boo" and op in composites.REGISTRY:
                 found = {op: composites.REGISTRY[op].reference}
             else:
-                found = get_decompositions([op])
+                found = get_decompositions([op]) or _implicit_decomposition(op)
         if found:
             table.update({o: keep_strides(o, fn) for o, fn in found.items()})
         else:
