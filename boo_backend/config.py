@@ -17,6 +17,7 @@ Every control has one environment variable and one options key of the same meani
 | BOO_PARTITIONER      | partitioner         | AOTAutograd's split: "mincut" (default) or "default" |
 | BOO_COMPILE_TIMEOUT  | compile_timeout     | seconds one iree-compile may take (0: no limit)      |
 | BOO_DYNAMIC          | dynamic             | "0": compile symbolic graphs per concrete shape      |
+| BOO_VERIFY           | verify              | dynamic modules checked vs eager: auto, all or off   |
 | BOO_SYNC             | sync                | wait for the device after every IREE call (debug)    |
 | BOO_COMPILE_ONLY     | compile_only        | compile for `target` into the cache, run in eager    |
 """
@@ -87,6 +88,10 @@ class Options:
     # A graph Dynamo traced with symbolic sizes compiles once, with dynamic dimensions (True),
     # or once per concrete shape (False).
     dynamic: bool = True
+    # Which calls of a dynamic module are checked against the graph run in eager PyTorch:
+    # "auto" (the first call of each size class, a bounded number), "all" (every new shape)
+    # or "off"; see boo_backend.verify.
+    verify: str = "auto"
     # Wait for the device after every IREE call, so that a failing graph raises at its own
     # call rather than as a later call's "semaphore was aborted" (GPU calls can return
     # before their work is done; CPU calls always finish first).
@@ -107,6 +112,7 @@ class Options:
         "partitioner": "BOO_PARTITIONER",
         "compile_timeout": "BOO_COMPILE_TIMEOUT",
         "dynamic": "BOO_DYNAMIC",
+        "verify": "BOO_VERIFY",
         "sync": "BOO_SYNC",
         "compile_only": "BOO_COMPILE_ONLY",
     }
@@ -157,6 +163,12 @@ class Options:
             kwargs["dump_dir"] = Path(raw["dump_dir"])
         if raw.get("cache_dir"):
             kwargs["cache_dir"] = Path(raw["cache_dir"])
+        if raw.get("verify") not in (None, ""):
+            value = str(raw["verify"]).strip().lower()
+            value = {"1": "auto", "true": "auto", "on": "auto", "0": "off", "false": "off"}.get(value, value)
+            if value not in ("auto", "all", "off"):
+                raise BooError(f"verify={raw['verify']!r}; use auto (default), all (every new shape) or off")
+            kwargs["verify"] = value
         if raw.get("partitioner"):
             value = str(raw["partitioner"]).strip().lower()
             if value not in ("mincut", "default"):

@@ -28,7 +28,7 @@ from .compile import (
 from .config import BooError, BooFallbackWarning, BooStrictError, Options
 from .diagnose import Unlowerable, failing_ops, first_error, unlinked_ops
 from .embed import mlir_op_name
-from .verify import disagreement
+from .verify import Verifier
 from .lower import Lowered, lower, unregistered_ops
 from .partition import (
     Plan, compute_nodes, decomposition_table, fold_empty, is_symbolic, node_places,
@@ -127,6 +127,7 @@ class CompiledGraph:
         self.symbolic = is_symbolic(gm)
         self.dynamic = self.symbolic and opts.dynamic
         self._dynamic_runner = None
+        self._verifier = Verifier(gm, opts.verify if self.dynamic else "off")
         self.cache = CompileCache(opts.cache_dir, opts.cache)
         self._runners: dict = {}
         # Measuring where matmuls run (aten_matmul=auto) needs the target's device, which a
@@ -143,11 +144,11 @@ class CompiledGraph:
             self._compile_only(list(args))
             return self.gm(*args)
         if self.dynamic:
-            if self._dynamic_runner is not None:
+            if self._dynamic_runner is not None and not self._verifier.active:
                 return self._dynamic_runner(*args)
-            first = self._build_dynamic(list(args))
-            if first is not None:
-                return first
+            outputs = self._call_dynamic(list(args))
+            if outputs is not None:
+                return outputs
         key = self._key(args) if self.symbolic else None
         runner = self._runners.get(key)
         if runner is None:
@@ -162,7 +163,7 @@ class CompiledGraph:
         if self.dynamic:
             if self._dynamic_runner is not None:
                 return
-            try:  # not run, so not checked against eager (see _build_dynamic)
+            try:  # not run, so not checked against eager (see _call_dynamic)
                 self._dynamic_runner = self._build(args, 0, dynamic=True)
                 return
             except _NotDynamic as e:
@@ -177,29 +178,35 @@ class CompiledGraph:
     def _target(self, args) -> Target:
         return target_for(self.opts.target, args)
 
-    def _build_dynamic(self, args: list):
-        """The first call's outputs from the module for every size, or None (and per-shape
-        compiles from now on). That first call is checked against the graph run in eager
-        PyTorch: torch-mlir has lowered some ops wrongly for dynamic sizes only (see
-        lower._views_through_one_dim), and a wrong module must not serve every shape."""
-        try:
-            runner = self._build(args, 0, dynamic=True)
-            runner = runner.forward if isinstance(runner, IreePart) else runner
-            outputs = runner(*args)
-            wrong = disagreement(self.gm, args, outputs)
-        except _NotDynamic as e:
-            log.debug("boo: %s graph %s does not compile with dynamic shapes (%s); compiling it "
-                      "once per input shape", self.kind, self.name, e)
-            self.dynamic = False
-            return None
+    def _call_dynamic(self, args: list):
+        """This call's outputs from the module for every size, or None (and per-shape
+        compiles from now on). Calls are checked against the graph run in eager PyTorch as
+        the verify policy says (verify.Verifier): torch-mlir and IREE have computed some
+        graphs wrongly for dynamic sizes only, and at some sizes only (past 64, say), and a
+        wrong module must not serve every shape."""
+        runner = self._dynamic_runner
+        if runner is None:
+            try:
+                runner = self._build(args, 0, dynamic=True)
+            except _NotDynamic as e:
+                log.debug("boo: %s graph %s does not compile with dynamic shapes (%s); compiling it "
+                          "once per input shape", self.kind, self.name, e)
+                self.dynamic = False
+                return None
+            runner = self._dynamic_runner = runner.forward if isinstance(runner, IreePart) else runner
+        key = self._verifier.wants(args)
+        outputs = runner(*args)
+        if key is None:
+            return outputs
+        wrong = self._verifier.check(key, args, outputs)
         if wrong:
-            log.warning("boo: the dynamic-shape module of %s graph %s disagrees with eager PyTorch on "
-                        "its first call (%s); compiling the graph once per input shape instead",
-                        self.kind, self.name, wrong)
+            log.warning("boo: the dynamic-shape module of %s graph %s disagrees with eager PyTorch at "
+                        "sizes %s (%s); compiling the graph once per input shape instead",
+                        self.kind, self.name, self._verifier.sizes(args), wrong)
             PLACEMENTS[:] = [p for p in PLACEMENTS if not (p.name == self.name and p.dynamic)]
             self.dynamic = False
+            self._dynamic_runner = None
             return None
-        self._dynamic_runner = runner
         return outputs
 
     def _shape_env(self):

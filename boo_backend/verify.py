@@ -1,7 +1,18 @@
-"""The check on a dynamic-shape module's first call: IREE's outputs against the graph run in
-eager PyTorch (see graph.CompiledGraph._build_dynamic).
+"""Checks of a dynamic-shape module: IREE's outputs against the graph run in eager PyTorch
+(see graph.CompiledGraph._call_dynamic), at the calls the verify policy picks.
 
-Imports only partition (for compute_nodes) from boo_backend.
+Imports only partition (for compute_nodes) and symbolic from boo_backend.
+
+A module compiled once for every size can be right at one size and wrong at another: IREE
+3.13 packed a matmul wrongly once a dynamic size passed 64, and a size of 60 was wrong where
+48 and 64 were right. So one checked call proves little. The policies (BOO_VERIFY):
+
+- `auto` (the default): the first call in each size class, up to LIMIT checks per module. A
+  size's class is its power-of-two range and its alignment (odd, even, 4, 8, or a multiple
+  of 16), the boundaries where tiled code changes path; the class of a call is that of every
+  size of its dynamic inputs.
+- `all`: every new shape, however many (for debugging: each check runs the graph in eager).
+- `off`: no check.
 """
 
 from __future__ import annotations
@@ -9,7 +20,11 @@ from __future__ import annotations
 import torch
 import torch.fx as fx
 
+from . import symbolic
 from .partition import compute_nodes
+
+POLICIES = ("auto", "all", "off")
+LIMIT = 8  # checks per module under `auto`; see bench/RESULTS.md for what they cost
 
 
 def _draws_random(node: fx.Node) -> bool:
@@ -32,10 +47,8 @@ def _checkable(gm: fx.GraphModule) -> bool:
 
 def disagreement(gm: fx.GraphModule, args: list, outputs) -> str | None:
     """How IREE's `outputs` for `args` differ from `gm` run in eager PyTorch, or None when they
-    agree: same shapes and dtypes, the same integers, floats within a tolerance wide enough
+    agree (`gm` must be _checkable): same shapes and dtypes, the same integers, floats within a tolerance wide enough
     for a different order of summation (and bf16's rounding)."""
-    if not _checkable(gm):
-        return None
     with torch.no_grad():
         expected = gm(*args)
     ours = list(outputs) if isinstance(outputs, (tuple, list)) else [outputs]
@@ -62,3 +75,50 @@ def disagreement(gm: fx.GraphModule, args: list, outputs) -> str | None:
             err = (a.double() - b.double()).abs().nan_to_num(0.0).max().item()
             return f"output {i} differs by up to {err:.3g} (largest value {scale:.3g})"
     return None
+
+
+def size_class(size: int) -> tuple[int, int]:
+    """(power-of-two range, alignment up to 16) of a size."""
+    if size <= 0:
+        return (0, 0)
+    return (size.bit_length(), min((size & -size).bit_length() - 1, 4))
+
+
+class Verifier:
+    """Which calls of one dynamic module are checked, and the check itself. `active` turns
+    False once no call will be checked again (policy off, the limit reached, a graph that
+    cannot be rerun), so the caller skips `wants` on its hot path."""
+
+    def __init__(self, gm: fx.GraphModule, policy: str, limit: int | None = None):
+        self.gm = gm
+        self.policy = policy if policy == "off" or _checkable(gm) else "off"
+        self.limit = LIMIT if limit is None else limit
+        self.active = self.policy != "off"
+        self.checks = 0
+        self._seen: set = set()
+        values = [n.meta.get("val") for n in gm.graph.nodes if n.op == "placeholder"]
+        # Only the inputs with symbolic sizes can change from call to call.
+        self._dynamic = [i for i, v in enumerate(values) if symbolic.tensor_is_symbolic(v)
+                         or (isinstance(v, torch.SymInt) and not symbolic.is_static(v))]
+
+    def wants(self, args) -> tuple | None:
+        """The key this call would be checked under, or None when it is not checked."""
+        if not self.active:
+            return None
+        sizes = [tuple(args[i].shape) if isinstance(args[i], torch.Tensor) else (int(args[i]),)
+                 for i in self._dynamic]
+        key = tuple(sizes) if self.policy == "all" else tuple(tuple(map(size_class, s)) for s in sizes)
+        return None if key in self._seen else key
+
+    def sizes(self, args) -> str:
+        """The sizes of a call's dynamic tensor inputs (else its SymInts), for a message."""
+        shown = [str(list(args[i].shape)) for i in self._dynamic if isinstance(args[i], torch.Tensor)]
+        return ", ".join(shown or [str(args[i]) for i in self._dynamic])
+
+    def check(self, key: tuple, args: list, outputs) -> str | None:
+        """How this call's `outputs` differ from eager's, or None; counts it under `key`."""
+        self._seen.add(key)
+        self.checks += 1
+        if self.policy == "auto" and self.checks >= self.limit:
+            self.active = False
+        return disagreement(self.gm, args, outputs)
