@@ -7,8 +7,12 @@
 Each factory builds its model from a small Hugging Face config (2 layers, hidden 32-64,
 vocabulary 128, sequence 16, batch 2, images 32x32) and a batch of keyword arguments that
 includes `labels`, so that `model(**batch).loss` is a training loss and `.logits` the
-prediction. Nothing is downloaded: weights are random, seeded, so a factory returns the same
-model and batch every time. Dropout is off (every probability 0.0) so that eager and
+prediction. `MODELS[name](batch=B, seq=L)` gives the same model with a batch of another size
+(for dynamic shapes): L tokens for text models (up to MAX_POSITIONS), L // 2 decoder tokens
+for encoder-decoders, images of side L + 16 for the CNNs that take any size, 25 * L audio
+samples; ViT, Swin and `cnn` keep their image size and vary the batch only. Nothing is
+downloaded: weights are random, seeded, so a factory returns the same model and batch every
+time. Dropout is off (every probability 0.0) so that eager and
 compiled runs compare exactly; attention is PyTorch SDPA (transformers' default).
 
 transformers is a test/bench extra, not a dependency of boo: it is imported inside the
@@ -24,24 +28,31 @@ import torch
 import torch.nn as nn
 
 BATCH, SEQ, VOCAB, IMAGE, CLASSES = 2, 16, 128, 32, 4
+MAX_POSITIONS = 256  # the longest sequence a text model takes
 # Set up front: transformers fills in problem_type on the first call otherwise, and that
 # change to the config makes Dynamo compile the model a second time.
 SINGLE = "single_label_classification"
 
 
-def _tokens(seed: int = 1, vocab: int = VOCAB, seq: int = SEQ) -> torch.Tensor:
-    g = torch.Generator().manual_seed(seed)
-    return torch.randint(0, vocab, (BATCH, seq), generator=g)
+def _generator(seed: int, batch: int, seq: int) -> torch.Generator:
+    """Seeded by the size too: every size gets data of its own."""
+    return torch.Generator().manual_seed(seed + 7919 * batch + seq)
 
 
-def _images(seed: int = 1, channels: int = 3, size: int = IMAGE) -> torch.Tensor:
-    g = torch.Generator().manual_seed(seed)
-    return torch.randn(BATCH, channels, size, size, generator=g)
+def _tokens(seed: int = 1, batch: int = BATCH, seq: int = SEQ) -> torch.Tensor:
+    return torch.randint(0, VOCAB, (batch, seq), generator=_generator(seed, batch, seq))
 
 
-def _class_labels(seed: int = 2, classes: int = CLASSES) -> torch.Tensor:
-    g = torch.Generator().manual_seed(seed)
-    return torch.randint(0, classes, (BATCH,), generator=g)
+def _images(seed: int = 1, batch: int = BATCH, size: int = IMAGE) -> torch.Tensor:
+    return torch.randn(batch, 3, size, size, generator=_generator(seed, batch, size))
+
+
+def _class_labels(seed: int = 2, batch: int = BATCH) -> torch.Tensor:
+    return torch.randint(0, CLASSES, (batch,), generator=_generator(seed, batch, 0))
+
+
+def _image_side(seq: int) -> int:
+    return IMAGE + seq - SEQ
 
 
 def _build(model_cls, config) -> nn.Module:
@@ -49,120 +60,125 @@ def _build(model_cls, config) -> nn.Module:
     return model_cls(config)  # attention: transformers' default, SDPA
 
 
-def _causal_lm(model_cls, config) -> tuple[nn.Module, dict]:
-    ids = _tokens()
+def _causal_lm(model_cls, config, batch: int, seq: int) -> tuple[nn.Module, dict]:
+    ids = _tokens(batch=batch, seq=seq)
     return _build(model_cls, config), {"input_ids": ids, "labels": ids.clone()}
 
 
-def gpt2():
+def gpt2(batch: int = BATCH, seq: int = SEQ):
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    cfg = GPT2Config(vocab_size=VOCAB, n_positions=128, n_embd=32, n_layer=2, n_head=4,
+    cfg = GPT2Config(vocab_size=VOCAB, n_positions=MAX_POSITIONS, n_embd=32, n_layer=2, n_head=4,
                      bos_token_id=0, eos_token_id=0, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
-    return _causal_lm(GPT2LMHeadModel, cfg)
+    return _causal_lm(GPT2LMHeadModel, cfg, batch, seq)
 
 
-def llama():
+def llama(batch: int = BATCH, seq: int = SEQ):
     """Grouped-query attention: 4 query heads share 2 key/value heads."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=MAX_POSITIONS,
                       attention_dropout=0.0)
-    return _causal_lm(LlamaForCausalLM, cfg)
+    return _causal_lm(LlamaForCausalLM, cfg, batch, seq)
 
 
-def qwen2():
+def qwen2(batch: int = BATCH, seq: int = SEQ):
     """Grouped-query attention with biased q/k/v projections and tied embeddings."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     cfg = Qwen2Config(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=1, max_position_embeddings=64,
+                      num_attention_heads=4, num_key_value_heads=1, max_position_embeddings=MAX_POSITIONS,
                       attention_dropout=0.0, tie_word_embeddings=True)
-    return _causal_lm(Qwen2ForCausalLM, cfg)
+    return _causal_lm(Qwen2ForCausalLM, cfg, batch, seq)
 
 
-def bert():
+def bert(batch: int = BATCH, seq: int = SEQ):
     """Padding in the second sequence: a real attention mask (not all ones)."""
     from transformers import BertConfig, BertForSequenceClassification
 
     cfg = BertConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                     intermediate_size=64, max_position_embeddings=64, num_labels=CLASSES, problem_type=SINGLE,
+                     intermediate_size=64, max_position_embeddings=MAX_POSITIONS, num_labels=CLASSES, problem_type=SINGLE,
                      hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, classifier_dropout=0.0)
-    mask = torch.ones(BATCH, SEQ, dtype=torch.long)
-    mask[1, SEQ - 4:] = 0
-    batch = {"input_ids": _tokens(), "attention_mask": mask, "labels": _class_labels()}
-    return _build(BertForSequenceClassification, cfg), batch
+    mask = torch.ones(batch, seq, dtype=torch.long)
+    mask[-1, seq - 4:] = 0
+    inputs = {"input_ids": _tokens(batch=batch, seq=seq), "attention_mask": mask, "labels": _class_labels(batch=batch)}
+    return _build(BertForSequenceClassification, cfg), inputs
 
 
-def distilbert():
+def distilbert(batch: int = BATCH, seq: int = SEQ):
     from transformers import DistilBertConfig, DistilBertForSequenceClassification
 
     cfg = DistilBertConfig(vocab_size=VOCAB, dim=32, n_layers=2, n_heads=4, hidden_dim=64,
-                           max_position_embeddings=64, num_labels=CLASSES, problem_type=SINGLE,
+                           max_position_embeddings=MAX_POSITIONS, num_labels=CLASSES, problem_type=SINGLE,
                            dropout=0.0, attention_dropout=0.0, seq_classif_dropout=0.0)
-    return _build(DistilBertForSequenceClassification, cfg), {"input_ids": _tokens(), "labels": _class_labels()}
+    return _build(DistilBertForSequenceClassification, cfg), {"input_ids": _tokens(batch=batch, seq=seq),
+                                                              "labels": _class_labels(batch=batch)}
 
 
-def t5():
+def t5(batch: int = BATCH, seq: int = SEQ):
     """Encoder-decoder with relative position buckets and RMS norm (no bias, no mean)."""
     from transformers import T5Config, T5ForConditionalGeneration
 
     cfg = T5Config(vocab_size=VOCAB, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_decoder_layers=2,
                    num_heads=4, relative_attention_num_buckets=8, relative_attention_max_distance=16,
                    dropout_rate=0.0, decoder_start_token_id=0, pad_token_id=0)
-    batch = {"input_ids": _tokens(1), "labels": _tokens(3, seq=8)}
-    return _build(T5ForConditionalGeneration, cfg), batch
+    inputs = {"input_ids": _tokens(1, batch, seq), "labels": _tokens(3, batch, max(seq // 2, 2))}
+    return _build(T5ForConditionalGeneration, cfg), inputs
 
 
-def bart():
+def bart(batch: int = BATCH, seq: int = SEQ):
     """Encoder-decoder with learned positions, LayerNorm and GELU."""
     from transformers import BartConfig, BartForConditionalGeneration
 
     cfg = BartConfig(vocab_size=VOCAB, d_model=32, encoder_layers=1, decoder_layers=1,
                      encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=64,
-                     decoder_ffn_dim=64, max_position_embeddings=64, dropout=0.0, attention_dropout=0.0,
+                     decoder_ffn_dim=64, max_position_embeddings=MAX_POSITIONS, dropout=0.0, attention_dropout=0.0,
                      activation_dropout=0.0, classifier_dropout=0.0,
                      pad_token_id=1, bos_token_id=0, eos_token_id=2, decoder_start_token_id=2)
-    batch = {"input_ids": _tokens(1), "labels": _tokens(3, seq=8)}
-    return _build(BartForConditionalGeneration, cfg), batch
+    inputs = {"input_ids": _tokens(1, batch, seq), "labels": _tokens(3, batch, max(seq // 2, 2))}
+    return _build(BartForConditionalGeneration, cfg), inputs
 
 
-def vit():
+def vit(batch: int = BATCH, seq: int = SEQ):
     from transformers import ViTConfig, ViTForImageClassification
 
     cfg = ViTConfig(image_size=IMAGE, patch_size=8, num_channels=3, hidden_size=32, num_hidden_layers=2,
                     num_attention_heads=4, intermediate_size=64, num_labels=CLASSES, problem_type=SINGLE,
                     hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
-    return _build(ViTForImageClassification, cfg), {"pixel_values": _images(), "labels": _class_labels()}
+    return _build(ViTForImageClassification, cfg), {"pixel_values": _images(batch=batch),
+                                                    "labels": _class_labels(batch=batch)}
 
 
-def resnet():
+def resnet(batch: int = BATCH, seq: int = SEQ):
     """BatchNorm: training updates the running statistics, inference uses them."""
     from transformers import ResNetConfig, ResNetForImageClassification
 
     cfg = ResNetConfig(num_channels=3, embedding_size=16, hidden_sizes=[16, 32], depths=[1, 1],
                        layer_type="basic", num_labels=CLASSES, problem_type=SINGLE)
-    return _build(ResNetForImageClassification, cfg), {"pixel_values": _images(), "labels": _class_labels()}
+    images = _images(batch=batch, size=_image_side(seq))
+    return _build(ResNetForImageClassification, cfg), {"pixel_values": images, "labels": _class_labels(batch=batch)}
 
 
-def convnext():
+def convnext(batch: int = BATCH, seq: int = SEQ):
     """Depthwise 7x7 convolutions, channels-last LayerNorm, layer scale."""
     from transformers import ConvNextConfig, ConvNextForImageClassification
 
     cfg = ConvNextConfig(num_channels=3, patch_size=4, num_stages=2, hidden_sizes=[16, 32], depths=[1, 1],
                          num_labels=CLASSES, problem_type=SINGLE, drop_path_rate=0.0)
-    return _build(ConvNextForImageClassification, cfg), {"pixel_values": _images(), "labels": _class_labels()}
+    images = _images(batch=batch, size=_image_side(seq))
+    return _build(ConvNextForImageClassification, cfg), {"pixel_values": images, "labels": _class_labels(batch=batch)}
 
 
-def swin():
+def swin(batch: int = BATCH, seq: int = SEQ):
     """Windowed attention with shifted windows and relative position bias."""
     from transformers import SwinConfig, SwinForImageClassification
 
     cfg = SwinConfig(image_size=IMAGE, patch_size=4, num_channels=3, embed_dim=16, depths=[1, 1],
                      num_heads=[2, 4], window_size=4, mlp_ratio=2.0, num_labels=CLASSES, problem_type=SINGLE,
                      hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, drop_path_rate=0.0)
-    return _build(SwinForImageClassification, cfg), {"pixel_values": _images(), "labels": _class_labels()}
+    return _build(SwinForImageClassification, cfg), {"pixel_values": _images(batch=batch),
+                                                     "labels": _class_labels(batch=batch)}
 
 
 class SmallCNN(nn.Module):
@@ -181,7 +197,7 @@ class SmallCNN(nn.Module):
         return types.SimpleNamespace(loss=logits.logsumexp(-1).mean(), logits=logits)
 
 
-def falcon():
+def falcon(batch: int = BATCH, seq: int = SEQ):
     """Multi-query attention; its fused QKV split reads `x[..., [-2], :]`, a negative index
     whose backward is an index_put."""
     from transformers import FalconConfig, FalconForCausalLM
@@ -189,10 +205,10 @@ def falcon():
     cfg = FalconConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
                        hidden_dropout=0.0, attention_dropout=0.0, new_decoder_architecture=False,
                        multi_query=True)
-    return _causal_lm(FalconForCausalLM, cfg)
+    return _causal_lm(FalconForCausalLM, cfg, batch, seq)
 
 
-def wav2vec2():
+def wav2vec2(batch: int = BATCH, seq: int = SEQ):
     """Audio: a strided conv feature extractor and a weight-normed positional conv."""
     from transformers import Wav2Vec2Config, Wav2Vec2ForSequenceClassification
 
@@ -204,15 +220,15 @@ def wav2vec2():
         feat_proj_dropout=0.0, final_dropout=0.0, layerdrop=0.0, mask_time_prob=0.0,
         classifier_proj_size=16, do_stable_layer_norm=False,
     )
-    g = torch.Generator().manual_seed(1)
+    audio = torch.randn(batch, 25 * seq, generator=_generator(1, batch, seq))
     return _build(Wav2Vec2ForSequenceClassification, cfg), {
-        "input_values": torch.randn(BATCH, 400, generator=g), "labels": _class_labels()
+        "input_values": audio, "labels": _class_labels(batch=batch)
     }
 
 
-def cnn():
+def cnn(batch: int = BATCH, seq: int = SEQ):
     torch.manual_seed(0)
-    return SmallCNN(), {"pixel_values": _images(), "labels": _class_labels()}
+    return SmallCNN(), {"pixel_values": _images(batch=batch), "labels": _class_labels(batch=batch)}
 
 
 MODELS: dict[str, Callable[[], tuple[nn.Module, dict]]] = {

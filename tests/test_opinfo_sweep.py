@@ -459,12 +459,17 @@ def _hang_check(result: Result) -> Result:
     return result
 
 
-def iter_op(key: str, dtypes, count: int, done=()):
-    """Yield ("start", dtype, index, shapes) before and a Result after each sample."""
+def iter_op(key: str, dtypes, count: int, done=(), dynamic: bool = False):
+    """Yield ("start", dtype, index, shapes) before and a Result after each sample; with
+    `dynamic`, each sample is compiled with dynamic shapes and run at several sizes
+    (tests/dynamic_samples.py)."""
+    run, select = run_sample, select_samples
+    if dynamic:
+        from dynamic_samples import run_dynamic_sample as run, select_dynamic as select
     done = {tuple(d) for d in done}
     for dtype_name in op_dtypes(key, dtypes):
         try:
-            picked = select_samples(key, DTYPES[dtype_name], count)
+            picked = select(key, DTYPES[dtype_name], count)
         except Exception as e:
             yield Result(key, dtype_name, -1, "skip", "", f"sample_inputs raises {_first_line(e)}")
             continue
@@ -473,7 +478,7 @@ def iter_op(key: str, dtypes, count: int, done=()):
                 continue
             yield ("start", dtype_name, index, _describe(sample))
             try:
-                yield run_sample(key, dtype_name, index, sample)
+                yield run(key, dtype_name, index, sample)
             except Exception as e:  # a bug in this harness, not in boo: say so loudly
                 yield Result(key, dtype_name, index, "CRASH", _describe(sample),
                              f"harness error: {_first_line(e)} {traceback.format_exc(limit=-2)}")
@@ -491,8 +496,11 @@ def worker_main() -> None:
     channel.write(json.dumps({"event": "ready"}) + "\n")
     for line in sys.stdin:
         request = json.loads(line)
-        for item in iter_op(request["op"], request["dtypes"], request["count"], request["done"]):
-            if isinstance(item, Result):
+        for item in iter_op(request["op"], request["dtypes"], request["count"], request["done"],
+                            request.get("dynamic", False)):
+            # Results of tests/dynamic_samples.py are of this module's Result imported by name,
+            # not of __main__'s: tell them from the start messages by type, not by class.
+            if not isinstance(item, tuple):
                 channel.write(json.dumps({"event": "result", **asdict(item)}) + "\n")
             else:
                 _, dtype_name, index, shapes = item
@@ -559,14 +567,14 @@ class Worker:
         line, self.buffer = self.buffer.split(b"\n", 1)
         return json.loads(line)
 
-    def run_op(self, key: str, dtypes, count: int) -> list[Result]:
+    def run_op(self, key: str, dtypes, count: int, dynamic: bool = False) -> list[Result]:
         results: list[Result] = []
         while True:
             if self.proc is None:
                 self._start()
             done = [[r.dtype, r.index] for r in results]
             self.proc.stdin.write((json.dumps({"op": key, "dtypes": list(dtypes), "count": count,
-                                               "done": done}) + "\n").encode())
+                                               "done": done, "dynamic": dynamic}) + "\n").encode())
             self.proc.stdin.flush()
             current, started = None, time.monotonic()
             while True:
@@ -681,6 +689,8 @@ def main(argv=None) -> int:
                         help="run in this process (no protection against hangs; for debugging)")
     parser.add_argument("--cache-dir", help="BOO_CACHE_DIR (default: a fresh temporary directory)")
     parser.add_argument("--verbose", "-v", action="store_true", help="a line for every sample")
+    parser.add_argument("--dynamic", action="store_true",
+                        help="compile with dynamic shapes and run each sample at several sizes")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
@@ -707,8 +717,8 @@ def main(argv=None) -> int:
         os.environ.update(env)
         warnings.simplefilter("ignore")
         for key in ops:
-            for item in iter_op(key, dtypes, args.samples):
-                if isinstance(item, Result):
+            for item in iter_op(key, dtypes, args.samples, dynamic=args.dynamic):
+                if not isinstance(item, tuple):  # a Result (see worker_main)
                     results.append(item)
                     if args.verbose or item.outcome != "ok":
                         print(item.line(), flush=True)
@@ -717,7 +727,7 @@ def main(argv=None) -> int:
         try:
             for key in ops:
                 t0 = time.monotonic()
-                got = w.run_op(key, dtypes, args.samples)
+                got = w.run_op(key, dtypes, args.samples, args.dynamic)
                 results.extend(got)
                 counts = Counter(r.outcome for r in got)
                 print(f"{key:<36} {time.monotonic() - t0:6.1f}s  "

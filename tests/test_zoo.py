@@ -10,21 +10,9 @@ import torch
 import boo_backend
 from boo_backend import composites
 from boo_backend.zoo import MODELS
-from util import assert_close
+from util import assert_close, close_to_scale
 
 pytest.importorskip("transformers")
-
-
-def _close_to_scale(ours, ref, what, rel=1e-4, floor=1e-7):
-    """Largest absolute error within `rel` of the reference's largest magnitude (plus a tiny
-    floor for all-zero references): summed reductions over different orders stay in it."""
-    assert isinstance(ours, torch.Tensor), f"{what}: ours={ours!r} | torch=Tensor"
-    assert ours.shape == ref.shape and ours.dtype == ref.dtype, (
-        f"{what}: ours={tuple(ours.shape)} {ours.dtype} | torch={tuple(ref.shape)} {ref.dtype}"
-    )
-    err = (ours.double() - ref.double()).abs().max().item() if ref.numel() else 0.0
-    bound = rel * (ref.double().abs().max().item() if ref.numel() else 0.0) + floor
-    assert err <= bound, f"{what}: largest error {err:.3g} > {bound:.3g} (ours | torch differ)"
 
 
 # Composite families each model's graphs must use (by name, in the placements): the ops
@@ -80,7 +68,7 @@ def test_training_step(name):
     _assert_composites(name, ["forward", "backward"])
 
     assert_close(out.loss.detach(), expected.loss.detach(), "loss")
-    _close_to_scale(out.logits.detach(), expected.logits.detach(), "logits")
+    close_to_scale(out.logits.detach(), expected.logits.detach(), "logits")
     ref_params = dict(ref.named_parameters())
     for pname, p in model.named_parameters():
         r = ref_params[pname].grad
@@ -88,11 +76,11 @@ def test_training_step(name):
             assert p.grad is None, f"grad of {pname}: ours is set | torch=None"
             continue
         assert p.grad is not None, f"grad of {pname}: ours=None | torch is set"
-        _close_to_scale(p.grad, r, f"grad of {pname}")
+        close_to_scale(p.grad, r, f"grad of {pname}")
     ref_buffers = dict(ref.named_buffers())
     for bname, b in model.named_buffers():
         if b.is_floating_point():
-            _close_to_scale(b, ref_buffers[bname], f"buffer {bname}")
+            close_to_scale(b, ref_buffers[bname], f"buffer {bname}")
         else:
             assert_close(b, ref_buffers[bname], f"buffer {bname}")
 
@@ -109,4 +97,4 @@ def test_inference(name):
     assert {p.kind for p in boo_backend.placements()} == {"inference"}
     _assert_composites(name, ["inference"])
     assert_close(ours.loss, ref.loss, "loss")
-    _close_to_scale(ours.logits, ref.logits, "logits")
+    close_to_scale(ours.logits, ref.logits, "logits")

@@ -59,3 +59,15 @@ def compare_training(model, batches, loss_fn, steps=2, **compile_kw):
         assert_close(ours[1][name], ref[1][name], f"grad of {name}")
     for name in ref[2]:
         assert_close(ours[2][name], ref[2][name], f"state {name}")
+
+
+def close_to_scale(ours, ref, what, rel=1e-4, floor=1e-7):
+    """Largest absolute error within `rel` of the reference's largest magnitude (plus a tiny
+    floor for all-zero references): summed reductions over different orders stay in it."""
+    assert isinstance(ours, torch.Tensor), f"{what}: ours={ours!r} | torch=Tensor"
+    assert ours.shape == ref.shape and ours.dtype == ref.dtype, (
+        f"{what}: ours={tuple(ours.shape)} {ours.dtype} | torch={tuple(ref.shape)} {ref.dtype}"
+    )
+    err = (ours.double() - ref.double()).abs().max().item() if ref.numel() else 0.0
+    bound = rel * (ref.double().abs().max().item() if ref.numel() else 0.0) + floor
+    assert err <= bound, f"{what}: largest error {err:.3g} > {bound:.3g} (ours | torch differ)"
