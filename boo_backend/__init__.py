@@ -23,7 +23,9 @@ def placements() -> list[Placement]:
 
 
 def stats() -> dict:
-    """Process-wide counters: iree_compiles, cache_hits_memory, cache_hits_disk, cache_corrupt."""
+    """Process-wide counters: iree_compiles, cache_hits_memory, cache_hits_disk, cache_corrupt,
+    dynamic_checks (calls of dynamic modules checked against eager) and dynamic_check_s
+    (the seconds those checks took)."""
     return dict(STATS)
 
 

@@ -36,8 +36,9 @@ def test_gpt2_cross_compiles(target, arch_flag, tmp_path, monkeypatch, caplog):
         loss, grads = _step({"compile_only": True, "target": target, "dump_dir": str(dump)})
     eager_loss, eager_grads = _step(None)
 
-    # The step ran in eager PyTorch (AOTAutograd's graphs, with PyTorch's kernels).
-    assert torch.equal(loss, eager_loss)
+    # The step ran in eager PyTorch (AOTAutograd's graphs, with PyTorch's kernels; attention
+    # in its math form, so the last bits may differ from eager's flash kernel).
+    torch.testing.assert_close(loss, eager_loss, rtol=1e-6, atol=1e-7)
     for n in eager_grads:
         torch.testing.assert_close(grads[n], eager_grads[n], rtol=1e-5, atol=1e-7)
     said = [r.getMessage() for r in caplog.records if "compile_only: compiling every graph" in r.getMessage()]
