@@ -34,8 +34,9 @@ class Lowered:
     core: fx.GraphModule | None  # None when loaded from the cache
     # Per IREE argument: ("arg", index into the graph's inputs) or ("const", tensor).
     inputs: list[tuple]
-    # Per graph output: ("arg", i), ("result", j), ("value", python_value) or ("size", text):
-    # a SymInt the graph returns, as a symbolic.text expression of its inputs' sizes.
+    # Per graph output: ("arg", i), ("result", j), ("value", python_value), ("size", text):
+    # a SymInt the graph returns, as a symbolic.text expression of its inputs' sizes, or
+    # ("view", (i, shape, stride, offset)): a view of input i (see _view_of_input).
     outputs: list[tuple]
     # Per IREE result: the (shape, stride) the graph says it has; in a graph with dynamic
     # shapes, a symbolic size is a symbolic.text expression (a str), and a stride that is
@@ -90,6 +91,27 @@ def _layout(val: torch.Tensor) -> tuple:
     return shape, None if dense else tuple(map(_size, val.stride()))
 
 
+def _view_of_input(value: fx.Node, placeholders: list[fx.Node]) -> tuple | None:
+    """(input index, shape, stride, storage offset past the input's) of an output that is a
+    view of a graph input (a split's piece, a slice), or None. Such an output is made from
+    the input itself, as eager makes it, not computed by IREE: AOTAutograd rebuilds outputs
+    that alias inputs from the tensor returned (its sizes, strides and storage offset)
+    whenever their views take symbolic arguments, so a fresh result would be read as a view
+    at offset 0."""
+    from torch.multiprocessing.reductions import StorageWeakRef
+
+    val = value.meta.get("val")
+    if not isinstance(val, torch.Tensor) or val.is_sparse:
+        return None
+    storage = StorageWeakRef(val.untyped_storage())
+    for i, p in enumerate(placeholders):
+        base = p.meta.get("val")
+        if isinstance(base, torch.Tensor) and StorageWeakRef(base.untyped_storage()) == storage:
+            offset = val.storage_offset() - base.storage_offset()
+            return (i, tuple(map(_size, val.shape)), tuple(map(_size, val.stride())), _size(offset))
+    return None
+
+
 def build_core(gm: fx.GraphModule) -> tuple[fx.GraphModule, list, list, list, bool]:
     """Split `gm` into the IREE core graph and the Python-side input/output plan."""
     graph = fx.Graph()
@@ -138,6 +160,8 @@ def build_core(gm: fx.GraphModule) -> tuple[fx.GraphModule, list, list, list, bo
         elif isinstance(value, fx.Node) and isinstance(value.meta.get("val"), torch.SymInt):
             size = _size(value.meta["val"])
             outputs.append(("value", size) if isinstance(size, int) else ("size", size))
+        elif isinstance(value, fx.Node) and (view := _view_of_input(value, placeholders)) is not None:
+            outputs.append(("view", view))
         elif isinstance(value, fx.Node):
             if not _is_tensor_value(value):
                 raise BooError(f"boo: graph output {value.name} is not a tensor; cannot return it from IREE")
@@ -156,10 +180,20 @@ def build_core(gm: fx.GraphModule) -> tuple[fx.GraphModule, list, list, list, bo
     return core, inputs, outputs, result_layouts, tuple_output
 
 
+def output_texts(outputs: list) -> list[str]:
+    """The symbolic sizes (symbolic.text) that the output plan needs evaluated per call."""
+    texts = [v for k, v in outputs if k == "size"]
+    for kind, v in outputs:
+        if kind == "view":
+            _, shape, stride, offset = v
+            texts += [x for x in (*shape, *stride, offset) if isinstance(x, str)]
+    return texts
+
+
 def _symbols(gm: fx.GraphModule, outputs: list, layouts: list) -> dict:
     """symbolic.sources of `gm`'s inputs, when its outputs' sizes are symbolic; a BooError
     when a symbol they need cannot be read from the inputs."""
-    texts = [v for k, v in outputs if k == "size"]
+    texts = output_texts(outputs)
     texts += [x for shape, stride in layouts if stride for x in (*shape, *stride) if isinstance(x, str)]
     if not texts:
         return {}

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from . import symbolic
-from .lower import Lowered
+from .lower import Lowered, output_texts
 from .runtime import IreeFunction
 
 
@@ -42,6 +42,15 @@ def _restrided(r: torch.Tensor, shape, stride) -> torch.Tensor:
     return out if kept == list(shape) else out.as_strided(shape, stride)
 
 
+def _view(args, plan, sizes: dict) -> torch.Tensor:
+    """An output that is a view of input i, as eager gives it (lower._view_of_input)."""
+    i, shape, stride, offset = plan
+    base = args[i]
+    value = sizes.get  # symbolic sizes evaluated for this call; ints stand for themselves
+    return base.as_strided([value(x, x) for x in shape], [value(x, x) for x in stride],
+                           base.storage_offset() + value(offset, offset))
+
+
 class IreePart(torch.nn.Module):
     """A lowered graph with its compiled module: maps graph inputs to IREE and back.
     A Module, so that it can stand in for a submodule of a graph split around islands."""
@@ -61,7 +70,7 @@ class IreePart(torch.nn.Module):
                 self._symbolic_layouts.append((j, shape, stride))
             elif not _is_row_major(shape, stride):
                 self.restride.append((j, shape, stride))
-        self._texts = [v for k, v in lowered.outputs if k == "size"] + [
+        self._texts = output_texts(lowered.outputs) + [
             x for _, shape, stride in self._symbolic_layouts for x in (*shape, *stride) if isinstance(x, str)
         ]
         self._sizes = symbolic.Sizes(lowered.symbols) if lowered.symbols else None
@@ -115,7 +124,8 @@ class IreePart(torch.nn.Module):
             for j, shape, stride in (*self.restride, *restride):
                 results[j] = _restrided(results[j], shape, stride)
         outs = [
-            args[v] if k == "arg" else results[v] if k == "result" else sizes[v] if k == "size" else v
+            args[v] if k == "arg" else results[v] if k == "result" else sizes[v] if k == "size"
+            else _view(args, v, sizes) if k == "view" else v
             for k, v in low.outputs
         ]
         return tuple(outs) if low.tuple_output else outs[0]

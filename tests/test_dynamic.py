@@ -264,3 +264,22 @@ def test_second_process_compiles_nothing(tmp_path):
     first, second = (r.stdout.split() for r in runs)
     assert int(first[1]) > 0 and int(first[3]) >= 2, first
     assert int(second[1]) == 0 and int(second[3]) >= 2, second
+
+
+@pytest.mark.parametrize("dynamic", [True, False])
+def test_outputs_that_are_views_of_inputs_keep_their_offsets(dynamic):
+    """A split by a size Dynamo keeps symbolic: AOTAutograd rebuilds each piece from the
+    tensor boo returns (its sizes, strides and storage offset), so boo returns the view of
+    the input itself, as eager does, not a fresh tensor at offset 0."""
+    def pieces(x, n):
+        return torch.split(x, n) + (x[:, 1:].t(), x.narrow(0, 1, 2))
+
+    run = torch.compile(pieces, backend="boo", dynamic=dynamic)
+    for rows, n in [(5, 2), (7, 3), (70, 9)]:
+        x = torch.randn(rows, 6)
+        ours, ref = run(x, n), pieces(x, n)
+        assert len(ours) == len(ref)
+        for i, (a, b) in enumerate(zip(ours, ref)):
+            assert_close(a, b, f"piece {i} at {(rows, n)}")
+            assert (a.stride(), a.storage_offset()) == (b.stride(), b.storage_offset()), f"piece {i}"
+            assert a.untyped_storage().data_ptr() == x.untyped_storage().data_ptr(), f"piece {i} is not a view"

@@ -19,11 +19,8 @@ from dynamic_samples import WITH_GRAD
 
 SHARE = 0.25
 # Wrong at the moment, found by this sweep; each a strict xfail, so that a fix shows.
-KNOWN_WRONG = {
-    "split": "a split by a size Dynamo keeps symbolic returns views of the input at offset 0: "
-             "AOTAutograd rebuilds outputs that alias inputs from the result's own layout "
-             "when their views have symbolic arguments, and boo's result is a fresh tensor",
-}
+# (The first: a split by a symbolic size, views of the input at offset 0; fixed.)
+KNOWN_WRONG: dict[str, str] = {}
 
 
 def _ops() -> list[str]:
