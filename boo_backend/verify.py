@@ -113,7 +113,8 @@ class Verifier:
     def sizes(self, args) -> str:
         """The sizes of a call's dynamic tensor inputs (else its SymInts), for a message."""
         shown = [str(list(args[i].shape)) for i in self._dynamic if isinstance(args[i], torch.Tensor)]
-        return ", ".join(shown or [str(args[i]) for i in self._dynamic])
+        shown = shown or [str(args[i]) for i in self._dynamic]
+        return ", ".join(shown[:4]) + (f" and {len(shown) - 4} more" if len(shown) > 4 else "")
 
     def check(self, key: tuple, args: list, outputs) -> str | None:
         """How this call's `outputs` differ from eager's, or None; counts it under `key`."""
