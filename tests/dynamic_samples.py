@@ -84,16 +84,8 @@ def run_dynamic_sample(key: str, dtype_name: str, index: int, sample) -> sweep.R
     if size is None:
         result.outcome, result.detail = "skip", "no size to vary"
         return result
-    leaves, spec = tree_flatten((sample.input, sample.args, sample.kwargs))
-    positions = [i for i, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor)]
+    fn, first = sweep.sample_function(op, sample)
     grad = key in WITH_GRAD and sweep.DTYPES[dtype_name].is_floating_point
-
-    def fn(*tensors):
-        filled = list(leaves)
-        for i, t in zip(positions, tensors):
-            filled[i] = t
-        inp, args, kwargs = tree_unflatten(filled, spec)
-        return op.op(inp, *args, **kwargs)
 
     def run(f, tensors):
         tensors = [t.detach().clone().requires_grad_(grad and t.is_floating_point()) for t in tensors]
@@ -109,7 +101,6 @@ def run_dynamic_sample(key: str, dtype_name: str, index: int, sample) -> sweep.R
                                tree_flatten(out)[1]), [g for g in grads])
 
     g = torch.Generator().manual_seed(sweep._stable_seed(key, dtype_name, index))
-    first = [leaves[i] for i in positions]
     variants = [(size, first)] + [(n, [_resize(t, size, n, g) for t in first]) for n in other_sizes(size)]
     torch._dynamo.reset()
     boo_backend.reset()
@@ -134,7 +125,7 @@ def run_dynamic_sample(key: str, dtype_name: str, index: int, sample) -> sweep.R
                 result.outcome, result.detail = "CRASH", f"at size {n} (first {size}): {sweep._first_line(e)}"
                 break
         fallbacks += [w for w in caught if issubclass(w.category, boo_backend.BooFallbackWarning)]
-        at = types.SimpleNamespace(input=tensors[0] if positions[:1] == [0] else sample.input,
+        at = types.SimpleNamespace(input=tensors[0] if first[:1] and first[0] is sample.input else sample.input,
                                    args=sample.args, kwargs=sample.kwargs)
         bad = sweep._compare(key, at, ours[0] if grad else ours, ref[0] if grad else ref)
         if bad is None and grad:

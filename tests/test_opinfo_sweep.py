@@ -360,18 +360,12 @@ def _mismatch_meta(a, b) -> str | None:
     return None
 
 
-def run_sample(key: str, dtype_name: str, index: int, sample) -> Result:
-    """Eager and compiled on clones of the same inputs; classify the outcome."""
+def sample_function(op, sample):
+    """(fn, tensors): the sample as a function of its tensors (its other arguments fixed)."""
     from torch.utils._pytree import tree_flatten, tree_unflatten
 
-    import boo_backend
-
-    op = _op_db()[key]
-    shapes = _describe(sample)
-    result = Result(key, dtype_name, index, "ok", shapes)
     leaves, spec = tree_flatten((sample.input, sample.args, sample.kwargs))
     positions = [i for i, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor)]
-    originals = [leaves[i] for i in positions]
 
     def fn(*tensors):
         filled = list(leaves)
@@ -379,6 +373,18 @@ def run_sample(key: str, dtype_name: str, index: int, sample) -> Result:
             filled[i] = t
         inp, args, kwargs = tree_unflatten(filled, spec)
         return op.op(inp, *args, **kwargs)
+
+    return fn, [leaves[i] for i in positions]
+
+
+def run_sample(key: str, dtype_name: str, index: int, sample) -> Result:
+    """Eager and compiled on clones of the same inputs; classify the outcome."""
+    import boo_backend
+
+    op = _op_db()[key]
+    shapes = _describe(sample)
+    result = Result(key, dtype_name, index, "ok", shapes)
+    fn, originals = sample_function(op, sample)
 
     def clones():
         return [t.clone() for t in originals]
