@@ -9,8 +9,8 @@ vocabulary 128, sequence 16, batch 2, images 32x32) and a batch of keyword argum
 includes `labels`, so that `model(**batch).loss` is a training loss and `.logits` the
 prediction. `MODELS[name](batch=B, seq=L)` gives the same model with a batch of another size
 (for dynamic shapes): L tokens for text models (up to MAX_POSITIONS), L // 2 decoder tokens
-for encoder-decoders, images of side L + 16 for the CNNs that take any size, 25 * L audio
-samples; ViT, Swin and `cnn` keep their image size and vary the batch only. Nothing is
+for encoder-decoders, 25 * L audio samples; image models keep their image size (a symbolic
+image side needs guards Dynamo does not check) and vary the batch only. Nothing is
 downloaded: weights are random, seeded, so a factory returns the same model and batch every
 time. Dropout is off (every probability 0.0) so that eager and
 compiled runs compare exactly; attention is PyTorch SDPA (transformers' default).
@@ -50,9 +50,6 @@ def _images(seed: int = 1, batch: int = BATCH, size: int = IMAGE) -> torch.Tenso
 def _class_labels(seed: int = 2, batch: int = BATCH) -> torch.Tensor:
     return torch.randint(0, CLASSES, (batch,), generator=_generator(seed, batch, 0))
 
-
-def _image_side(seq: int) -> int:
-    return IMAGE + seq - SEQ
 
 
 def _build(model_cls, config) -> nn.Module:
@@ -156,7 +153,7 @@ def resnet(batch: int = BATCH, seq: int = SEQ):
 
     cfg = ResNetConfig(num_channels=3, embedding_size=16, hidden_sizes=[16, 32], depths=[1, 1],
                        layer_type="basic", num_labels=CLASSES, problem_type=SINGLE)
-    images = _images(batch=batch, size=_image_side(seq))
+    images = _images(batch=batch)
     return _build(ResNetForImageClassification, cfg), {"pixel_values": images, "labels": _class_labels(batch=batch)}
 
 
@@ -166,7 +163,7 @@ def convnext(batch: int = BATCH, seq: int = SEQ):
 
     cfg = ConvNextConfig(num_channels=3, patch_size=4, num_stages=2, hidden_sizes=[16, 32], depths=[1, 1],
                          num_labels=CLASSES, problem_type=SINGLE, drop_path_rate=0.0)
-    images = _images(batch=batch, size=_image_side(seq))
+    images = _images(batch=batch)
     return _build(ConvNextForImageClassification, cfg), {"pixel_values": images, "labels": _class_labels(batch=batch)}
 
 
