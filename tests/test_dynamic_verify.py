@@ -46,6 +46,7 @@ def test_policies_pick_the_calls_checked(monkeypatch, policy, expected):
     """auto: once per size class (16 and 48 share none; 70 and 102 share theirs); all: every
     new shape; off: none. A size seen before is never checked again."""
     monkeypatch.setenv("BOO_VERIFY", policy)
+    boo_backend.reset()
     calls = _count_checks(monkeypatch)
     run = torch.compile(lambda x: torch.tanh(x) * 2, backend="boo", dynamic=True)
     for n in (16, 48, 16, 70, 102, 61, 131, 135, 70):

@@ -83,6 +83,7 @@ def test_dynamic_training_step(name):
     run = torch.compile(model, backend="boo")
     ref_params = dict(ref.named_parameters())
     failures = []
+    compiled = None
     for (b, s), batch in zip(SIZES, _batches(name)):
         model.zero_grad()
         ref.zero_grad()
@@ -100,5 +101,9 @@ def test_dynamic_training_step(name):
                     failures.append(f"grad of {pname} at {(b, s)}: ours={p.grad is not None} | torch={r is not None}")
                 continue
             failures += _failures(lambda: close_to_scale(p.grad, r, f"grad of {pname} at {(b, s)}"))
+        if compiled is None:
+            compiled = boo_backend.stats().get("iree_compiles", 0)
     _report(name, failures)
+    if all(p.dynamic for p in boo_backend.placements()):  # one module per graph served every size
+        assert boo_backend.stats().get("iree_compiles", 0) == compiled, "compiled again at a later size"
     assert {"forward", "backward"} <= {p.kind for p in boo_backend.placements()}
