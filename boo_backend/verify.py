@@ -17,6 +17,8 @@ A module compiled once for every size can be right at one size and wrong at anot
 
 from __future__ import annotations
 
+import time
+
 import torch
 import torch.fx as fx
 
@@ -116,10 +118,16 @@ class Verifier:
         shown = shown or [str(args[i]) for i in self._dynamic]
         return ", ".join(shown[:4]) + (f" and {len(shown) - 4} more" if len(shown) > 4 else "")
 
-    def check(self, key: tuple, args: list, outputs) -> str | None:
-        """How this call's `outputs` differ from eager's, or None; counts it under `key`."""
+    def check(self, key: tuple, args: list, outputs, stats) -> str | None:
+        """How this call's `outputs` differ from eager's, or None; counts it under `key`, and
+        in `stats` (the process counters: dynamic_checks, dynamic_check_s)."""
         self._seen.add(key)
         self.checks += 1
         if self.policy == "auto" and self.checks >= self.limit:
             self.active = False
-        return disagreement(self.gm, args, outputs)
+        start = time.perf_counter()
+        try:
+            return disagreement(self.gm, args, outputs)
+        finally:
+            stats["dynamic_checks"] += 1
+            stats["dynamic_check_s"] += time.perf_counter() - start
