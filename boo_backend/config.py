@@ -20,6 +20,10 @@ Every control has one environment variable and one options key of the same meani
 | BOO_VERIFY           | verify              | dynamic modules checked vs eager: auto, all or off   |
 | BOO_SYNC             | sync                | wait for the device after every IREE call (debug)    |
 | BOO_COMPILE_ONLY     | compile_only        | compile for `target` into the cache, run in eager    |
+| BOO_MODE             | mode                | torch.compile's mode=: default, reduce-overhead, ... |
+
+torch.compile(model, backend="boo", mode=...) passes its mode here (as the options key "mode");
+MODES says what each one means for boo. A setting given explicitly beats the mode's default.
 """
 
 from __future__ import annotations
@@ -42,6 +46,24 @@ class BooStrictError(BooError):
 
 class BooFallbackWarning(UserWarning):
     """A part of a graph runs in eager PyTorch instead of IREE."""
+
+
+# torch.compile's modes, as boo reads them. Each maps to the defaults it changes; settings given
+# explicitly (environment or options) win over them.
+MODES = {
+    # The measured choices, as measured by default.
+    "default": {},
+    # The cheapest path per call: one IREE call per graph (no matmul handed to ATen between
+    # parts) on the driver with no worker wake-up (local-sync: one core, no thread hand-off).
+    "reduce-overhead": {"aten_matmul": "never", "cpu_driver": "local-sync"},
+    # Measure every placement choice more broadly: each timing runs AUTOTUNE_SCALE times longer,
+    # every matmul and convolution is timed (not only the large ones), and every CPU module
+    # picks its driver by measurement, however long its first call took.
+    "max-autotune": {"autotune": True},
+    # Inductor's name for max-autotune without CUDA graphs: boo uses no CUDA graphs.
+    "max-autotune-no-cudagraphs": {"autotune": True},
+}
+AUTOTUNE_SCALE = 5
 
 
 def _parse_bool(name: str, value) -> bool:
@@ -99,6 +121,14 @@ class Options:
     # Compile every graph for `target` (a GPU one, say, on a machine without it) into the
     # compile cache and dump_dir, and run the graphs in eager PyTorch.
     compile_only: bool = False
+    # torch.compile's mode (see MODES); `autotune` is max-autotune's broader measuring.
+    mode: str = "default"
+    autotune: bool = False
+
+    @property
+    def measure_scale(self) -> int:
+        """How many times longer than by default each measurement of a placement runs."""
+        return AUTOTUNE_SCALE if self.autotune else 1
 
     _ENV = {
         "strict": "BOO_STRICT",
@@ -115,6 +145,7 @@ class Options:
         "verify": "BOO_VERIFY",
         "sync": "BOO_SYNC",
         "compile_only": "BOO_COMPILE_ONLY",
+        "mode": "BOO_MODE",
     }
 
     @classmethod
@@ -129,7 +160,13 @@ class Options:
                 valid = ", ".join(sorted(cls._ENV))
                 raise BooError(f"unknown boo option {key!r}; valid options are: {valid}")
             raw[key] = value
-        kwargs: dict = {}
+        mode = str(raw.pop("mode", None) or "default").strip().lower()
+        if mode not in MODES:
+            raise BooError(f"mode={mode!r} is not a torch.compile mode boo knows; use one of: {', '.join(MODES)}")
+        for key, value in MODES[mode].items():
+            if key != "autotune" and raw.get(key) in (None, ""):
+                raw[key] = value
+        kwargs: dict = {"mode": mode, "autotune": MODES[mode].get("autotune", False)}
         if "strict" in raw:
             kwargs["strict"] = _parse_bool("strict", raw["strict"])
         if "cache" in raw:

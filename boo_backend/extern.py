@@ -104,11 +104,12 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _min_time(fn, device: torch.device) -> float:
+def _min_time(fn, device: torch.device, scale: int = 1) -> float:
+    """The fastest of repeated calls of `fn`; `scale` (max-autotune) measures that many times longer."""
     fn()  # warm-up
     _sync(device)
     best, spent, calls = math.inf, 0.0, 0
-    while calls < _MAX_CALLS and (spent < _BUDGET_S or calls < 3):
+    while calls < _MAX_CALLS * scale and (spent < _BUDGET_S * scale or calls < 3):
         start = time.perf_counter()
         fn()
         _sync(device)
@@ -138,7 +139,8 @@ class Timings:
         self._floor: float | None = None
 
     def of(self, node: fx.Node) -> dict:
-        key = self.cache.key("extern", _signature(node), self.target.name)
+        scale = self.opts.measure_scale
+        key = self.cache.key("extern", _signature(node), self.target.name, *(["x%d" % scale] if scale > 1 else []))
         known = self.cache.get_json(key)
         if known is not None:
             return known
@@ -149,14 +151,14 @@ class Timings:
         iree_args = [_random_like(v, contiguous=True) for v in inputs]
         table = dict(zip(nodes, aten_args))
         args, kwargs = fx.node.map_arg((node.args, node.kwargs), table.__getitem__)
-        aten_s = _min_time(lambda: node.target(*args, **kwargs), device)
+        aten_s = _min_time(lambda: node.target(*args, **kwargs), device, scale)
         graph = _one_op_graph(node, iree_args)
         lowered = lower(graph)
         vmfb = compile_mlir(lowered.mlir, self.target, self.cache, self.opts.compile_timeout)
         function = IreeFunction(vmfb, self.target, graph=f"timing {node.target}")
         tensors = [iree_args[v] if k == "arg" else v for k, v in lowered.inputs]
         count = len(lowered.result_layouts)
-        iree_s = _min_time(lambda: function(tensors, count), device)
+        iree_s = _min_time(lambda: function(tensors, count), device, scale)
         result = {"aten_s": aten_s, "iree_s": iree_s, "driver": function.driver}
         self.cache.stats["extern_timings"] += 1
         self.cache.put_json(key, result)
@@ -203,7 +205,7 @@ def choose(graph: fx.GraphModule, mode: str, target: Target, cache: CompileCache
             continue
         if any(symbolic.tensor_is_symbolic(v) for v in vals):  # one module for all sizes: nothing to time
             continue
-        if flops(node) < MIN_FLOPS:
+        if flops(node) < MIN_FLOPS and not opts.autotune:  # max-autotune times every one
             continue
         try:
             t = timings.of(node)

@@ -229,7 +229,7 @@ class CompiledGraph:
         target = self._target(args)
         plan_key = self.cache.key(
             "plan", graph_text(self.gm), *compile_flags(target), self.opts.force_decompose,
-            self.aten_matmul, *shapes, host=target.host_specific,
+            self.aten_matmul, *(["autotune"] if self.opts.autotune else []), *shapes, host=target.host_specific,
         )
         lowered_key = self.cache.key("lowered", plan_key, host=target.host_specific)
         if self.opts.dump_dir is None:
@@ -432,7 +432,7 @@ class CompiledGraph:
         if target.is_cpu and self.opts.cpu_driver != "auto":
             driver = self.opts.cpu_driver
         elif len(target.drivers) > 1:
-            key = self.cache.key("driver", lowered.mlir, target.name)
+            key = self.cache.key("driver", lowered.mlir, target.name, *(["autotune"] if self.opts.autotune else []))
             known = self.cache.get_json(key)
             if known and known.get("driver") in target.drivers:
                 driver = known["driver"]
@@ -442,7 +442,8 @@ class CompiledGraph:
                     self.cache.put_json(key, {"driver": chosen})
                 remember = store
         function = IreeFunction(vmfb, target, graph=name, writes=frozenset(lowered.writes),
-                                driver=driver, remember=remember, sync=self.opts.sync)
+                                driver=driver, remember=remember, sync=self.opts.sync,
+                                measure_scale=self.opts.measure_scale)
         if function.driver:
             drivers[part] = function.driver
         return function

@@ -156,8 +156,9 @@ class IreeFunction:
 
     def __init__(self, vmfb: bytes, target: Target, name: str = "main", graph: str = "?",
                  writes: frozenset[int] = frozenset(), driver: str | None = None,
-                 remember=None, sync: bool = False):
+                 remember=None, sync: bool = False, measure_scale: int = 1):
         self.target = target
+        self.measure_scale = measure_scale
         self.graph = graph
         self.sync = sync
         self._name = name
@@ -242,7 +243,7 @@ class IreeFunction:
         """Pick the driver (see _ROUNDS). The extra calls run on copies of the arguments, so
         they change nothing the caller sees."""
         default = self.target.driver
-        if first > _MEASURE_LIMIT:
+        if first > _MEASURE_LIMIT and self.measure_scale == 1:  # max-autotune measures them all
             self._decide(default, f"its first call took {first * 1e3:.0f} ms")
             return
         passed = [_importable(t, copy=True) for t in passed]
@@ -252,7 +253,7 @@ class IreeFunction:
                 loaded = self._load(driver)
                 self._timed_invoke(loaded, passed, num_results)  # warm-up
             for _ in range(2):
-                for _ in range(_ROUNDS):
+                for _ in range(_ROUNDS * self.measure_scale):
                     for driver in self.target.drivers:
                         t = self._timed_invoke(self._loaded[driver], passed, num_results)
                         times[driver] = min(times.get(driver, t), t)
