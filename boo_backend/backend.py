@@ -17,6 +17,7 @@ from torch._functorch.partitioners import default_partition, min_cut_remateriali
 from . import composites, match, patterns
 from .compile import Target, target_for
 from .config import Options
+from .decompositions import eager_indexing
 from .graph import CompiledGraph
 
 log = logging.getLogger("boo_backend")
@@ -39,7 +40,8 @@ def boo(gm: fx.GraphModule, example_inputs, options: dict | None = None, **kwarg
 
     # AOTAutograd's own CSE pass costs ~0.5 s on a transformer layer's joint graph; IREE
     # runs CSE on every module anyway, so the warm start skips it.
-    with functorch_config.patch(cse=False), _attention_for(target_for(opts.target, example_inputs)):
+    with (functorch_config.patch(cse=False), _attention_for(target_for(opts.target, example_inputs)),
+          eager_indexing()):
         return _aot(opts, compiler)(gm, example_inputs)
 
 

@@ -8,6 +8,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 aten = torch.ops.aten
@@ -195,6 +197,124 @@ def _weight_norm_interface_backward(grad_w, saved_v, saved_g, saved_norms, dim):
     grad_v = (g.reshape(shape) / norms) * (gw - v * (sums / (norms * norms)))
     grad_g = sums / norms
     return grad_v.to(saved_v.dtype), grad_g.reshape(saved_g.shape).to(saved_g.dtype)
+
+
+def cast_to(out, expected):
+    """`out` (a decomposition's result) with the dtypes of `expected` (the op's own results)."""
+    if isinstance(out, (tuple, list)) and isinstance(expected, (tuple, list)):
+        fixed = [cast_to(o, e) for o, e in zip(out, expected)]
+        return fixed if isinstance(out, list) else tuple(fixed)
+    if isinstance(out, torch.Tensor) and isinstance(expected, torch.Tensor) and out.dtype != expected.dtype:
+        return out.to(expected.dtype)
+    return out
+
+
+def _tensors_of(args, kwargs) -> list:
+    return [a for a in [*args, *kwargs.values()] if isinstance(a, torch.Tensor)]
+
+
+def _probed_dtype(op, args, kwargs):
+    """The dtype eager's own kernel gives `op` on one-element CPU tensors of the arguments'
+    dtypes and ranks, or None. For pointwise ops whose inputs differ in dtype: some of their
+    fake kernels do not promote as the eager kernel does (threshold_backward of an int64
+    gradient and a float32 input: eager float32, fake int64; mish_backward likewise)."""
+    tensors = _tensors_of(args, kwargs)
+    if len({t.dtype for t in tensors}) < 2:
+        return None
+    plain = (bool, int, float, type(None), str, torch.dtype, torch.device, torch.layout, torch.memory_format)
+    if not all(isinstance(a, (torch.Tensor, *plain)) for a in [*args, *kwargs.values()]):
+        return None  # a symbolic scalar or a list: not probed
+
+    def small(a):
+        return torch.ones([1] * a.dim(), dtype=a.dtype) if isinstance(a, torch.Tensor) else a
+
+    try:
+        with torch.utils._python_dispatch._disable_current_modes():
+            out = op(*[small(a) for a in args], **{k: small(v) for k, v in kwargs.items()})
+    except Exception:
+        return None
+    return out.dtype if isinstance(out, torch.Tensor) else None
+
+
+def _elementwise(op, args, kwargs, expected) -> bool:
+    """Pointwise by tag, or shaped like it: every tensor argument and the result alike."""
+    if torch.Tag.pointwise in getattr(op, "tags", ()):
+        return True
+    tensors = _tensors_of(args, kwargs)
+    return (isinstance(expected, torch.Tensor) and bool(tensors)
+            and all(t.shape == expected.shape for t in tensors))
+
+
+def expected_results(op, args, kwargs):
+    """`op`'s own results on the (fake) arguments a decomposition is traced with: metadata
+    only, recorded in no graph, with eager's dtype where the fake kernel's differs (see
+    _probed_dtype). None where `op` has no fake kernel."""
+    from torch.fx.experimental.proxy_tensor import disable_proxy_modes_tracing
+
+    try:
+        with disable_proxy_modes_tracing():
+            expected = op(*args, **kwargs)
+            if isinstance(expected, torch.Tensor) and _elementwise(op, args, kwargs, expected):
+                dtype = _probed_dtype(op, args, kwargs)
+                if dtype is not None and dtype != expected.dtype:
+                    expected = expected.to(dtype)  # a fake tensor: metadata only
+    except Exception:
+        return None
+    return expected
+
+
+def keep_dtypes(op, decomposition):
+    """`decomposition` returning the dtypes `op` itself returns. torch._decomp's entries for
+    pointwise backward ops take the gradient's dtype (threshold_backward of an int64 gradient
+    and a float32 input gives int64), where eager promotes both inputs (float32)."""
+
+    def run(*args, **kwargs):
+        out = decomposition(*args, **kwargs)
+        if out is NotImplemented:
+            return out
+        expected = expected_results(op, args, kwargs)
+        return out if expected is None else cast_to(out, expected)
+
+    return run
+
+
+def _nearest_indices(input, output_size, scales, exact=False):
+    """The source index of every output position of nearest upsampling, as eager's CPU
+    kernel computes it: min(floor((dst + offset) * scale), in - 1) in float32, with scale
+    1 / scale_factor where one is given, else in / out; plain nearest copies (out == in) or
+    halves (out == 2 in) the index without floats, whatever the scale factor."""
+    indices = []
+    first = input.dim() - len(output_size)
+    for d, osize in enumerate(output_size):
+        isize = input.shape[first + d]
+        dst = torch.arange(osize, device=input.device)
+        if not exact and osize == isize:
+            index = dst
+        elif not exact and osize == 2 * isize:
+            index = dst // 2
+        else:
+            scale = 1.0 / scales[d] if scales[d] is not None and scales[d] > 0 else isize / osize
+            index = ((dst.to(torch.float32) + (0.5 if exact else 0.0)) * scale).to(torch.int64)
+            index = index.clamp(max=isize - 1)
+        indices.append(index.reshape([osize] + [1] * (len(output_size) - 1 - d)))
+    return indices
+
+
+@contextlib.contextmanager
+def eager_indexing():
+    """While AOTAutograd traces: nearest upsampling indexes as eager does (_nearest_indices).
+    torch._decomp's upsample_nearest*, which tracing dispatches to before any table is
+    consulted, does not clamp, so a scale factor that does not divide (2x2 to [6, 10] with
+    scales 2.3 and 4.7) indexes past the input, and IREE reads whatever lies past the buffer;
+    nor does it copy or halve the index as eager does when the output is 1x or 2x the input."""
+    from torch._decomp import decompositions as torch_decomps
+
+    theirs = torch_decomps._compute_upsample_nearest_indices
+    torch_decomps._compute_upsample_nearest_indices = _nearest_indices
+    try:
+        yield
+    finally:
+        torch_decomps._compute_upsample_nearest_indices = theirs
 
 
 # core ATen's entry for CPU flash attention saves the probabilities where its backward

@@ -18,7 +18,7 @@ import torch.fx as fx
 
 from . import composites
 from .config import Options
-from .decompositions import AOT
+from .decompositions import AOT, keep_dtypes
 from .embed import META_KEY, schema_args
 
 log = logging.getLogger("boo_backend")
@@ -110,4 +110,4 @@ def decompositions(opts: Options) -> dict:
     table.update(AOT)
     for op in composites.enabled(opts.force_decompose):
         table.pop(op, None)
-    return table
+    return {op: keep_dtypes(op, fn) for op, fn in table.items()}

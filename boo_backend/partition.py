@@ -21,12 +21,12 @@ import torch
 import torch.fx as fx
 from torch._decomp import get_decompositions
 from torch._guards import detect_fake_mode
-from torch.fx.experimental.proxy_tensor import disable_proxy_modes_tracing, make_fx
+from torch.fx.experimental.proxy_tensor import make_fx
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 from torch.fx.passes.split_module import split_module
 
 from . import composites
-from .decompositions import FALLBACK
+from .decompositions import FALLBACK, cast_to, expected_results
 from .rewrites import PRE_LOWERING, needs_pre_lowering
 from .embed import mlir_op_name
 
@@ -189,7 +189,8 @@ def _to_layout(x, like):
 
 
 def keep_strides(op, decomposition):
-    """`decomposition` returning tensors with the strides of `op`'s own results. A graph
+    """`decomposition` returning tensors with the dtypes and strides of `op`'s own results
+    (dtypes: see decompositions.keep_dtypes). A graph
     traced through `op` may view its results (AOTAutograd's backward views a permute of the
     CPU flash-attention gradients, laid out [B, S, H, D]); a decomposition that makes them
     contiguous instead breaks that view when the graph is traced again."""
@@ -198,11 +199,10 @@ def keep_strides(op, decomposition):
         out = decomposition(*args, **kwargs)
         if out is NotImplemented:
             return out
-        try:
-            with disable_proxy_modes_tracing():
-                expected = op(*args, **kwargs)  # on fake tensors: metadata only
-        except Exception:  # no fake kernel for `op`: keep what the decomposition made
+        expected = expected_results(op, args, kwargs)
+        if expected is None:  # no fake kernel for `op`: keep what the decomposition made
             return out
+        out = cast_to(out, expected)
         if isinstance(out, (tuple, list)):
             fixed = [_to_layout(o, e) for o, e in zip(out, expected)]
             return fixed if isinstance(out, list) else tuple(fixed)  # torch.return_types too

@@ -232,6 +232,26 @@ def _positive_dim(op):
     return rewrite
 
 
+def _slice_bounds(size: int, start, end) -> tuple[int, int]:
+    """A slice's start and end as Python slicing reads them, counted from the front in [0, size]."""
+    start = 0 if start is None else start + size if start < 0 else start
+    end = size if end is None else end + size if end < 0 else end
+    return min(max(start, 0), size), min(max(end, start, 0), size)
+
+
+def _contiguous_slice_scatter(x, src, dim=0, start=None, end=None, step=1):
+    """slice_scatter of a contiguous block (step 1, every dim before `dim` of size 1) as the
+    concatenation of the pieces before, `src`, and after. IREE 3.13 turns the direct form
+    into a copy into the input's buffer, which the runtime refuses at the call
+    (PERMISSION_DENIED: the buffer does not allow DISCARD_WRITE)."""
+    if not _block_scatter(x, src, dim, start, end, step):
+        return NotImplemented
+    dim = dim % x.dim()
+    start, end = _slice_bounds(x.shape[dim], start, end)
+    pieces = [aten.slice.Tensor(x, dim, 0, start), src, aten.slice.Tensor(x, dim, end, x.shape[dim])]
+    return aten.cat.default([p for p in pieces if p.shape[dim] != 0], dim)
+
+
 def _binary_in_f32(op):
     """Binary `op` on f16/bf16 computed in f32 and rounded once: torch-mlir expands fmod and
     remainder into several half-precision steps (a - trunc(a / b) * b), each one rounding."""
@@ -286,6 +306,14 @@ def _reduces_nothing(x, dim=None, *args, **kwargs) -> bool:
     return any(x.shape[d] == 0 for d in dims)
 
 
+def _block_scatter(x, src, dim=0, start=None, end=None, step=1) -> bool:
+    """Whether slice_scatter writes one contiguous block, with sizes and bounds all known."""
+    if step != 1 or x.dim() == 0 or src.numel() == 0:
+        return False
+    known = all(isinstance(v, int) for v in (dim, start, end, *x.shape) if v is not None)
+    return known and math.prod(x.shape[:dim % x.dim()]) == 1
+
+
 def _negative_dim(x, dim, *args, **kwargs) -> bool:
     return dim < 0
 
@@ -332,6 +360,7 @@ _REWRITES = {
     aten.bmm.default: (_contracts_nothing, _empty_contraction(aten.bmm.default)),
     aten.addmm.default: (_contracts_nothing, _empty_contraction(aten.addmm.default)),
     aten.constant_pad_nd.default: (_negative_pad, _crop_negative_pads),
+    aten.slice_scatter.default: (_block_scatter, _contiguous_slice_scatter),
     aten._softmax.default: (_is_0d, _over_a_vector(aten._softmax.default, 1)),
     aten._log_softmax.default: (_is_0d, _over_a_vector(aten._log_softmax.default, 1)),
     aten._softmax_backward_data.default: (_is_0d, _over_a_vector(aten._softmax_backward_data.default, 2)),

@@ -97,6 +97,7 @@ OPS = [
     # indexing
     "index_select", "gather", "scatter", "scatter_add", "scatter_reduce.sum",
     "scatter_reduce.amax", "index_put", "index_add", "index_copy", "masked_fill",
+    "slice_scatter", "select_scatter",
     "masked_select", "masked_scatter", "take_along_dim", "__getitem__",
     # joining, padding, shapes
     "cat", "stack", "nn.functional.pad.constant", "nn.functional.pad.reflect",
@@ -106,6 +107,7 @@ OPS = [
     "nn.functional.conv1d", "nn.functional.conv2d", "nn.functional.max_pool2d",
     "nn.functional.avg_pool2d", "nn.functional.adaptive_avg_pool2d", "nn.functional.embedding",
     "nn.functional.interpolate.nearest", "nn.functional.interpolate.bilinear",
+    "nn.functional.interpolate.bicubic", "nn.functional.interpolate.nearest-exact",
     # matmul family
     "mm", "bmm", "addmm", "matmul", "nn.functional.linear", "baddbmm", "einsum", "mv", "dot",
     # softmax, bucketing
@@ -206,8 +208,51 @@ def _describe(sample) -> str:
     return text if len(text) <= 120 else text[:117] + "..."
 
 
+def _interpolate_samples(mode):
+    """Sizes and scale factors that do not divide, 1x and 2x sides, down- and upsampling."""
+    def make(dtype):
+        from torch.testing._internal.opinfo.core import SampleInput
+
+        image = lambda *shape: torch.rand(*shape).to(dtype)  # noqa: E731
+        corners = {"mode": mode, **({} if mode.startswith("nearest") else {"align_corners": False})}
+        return [SampleInput(image(1, 1, 2, 2), size=[6, 10], **corners),
+                SampleInput(image(1, 2, 2, 2), scale_factor=[2.3, 4.7], **corners),
+                SampleInput(image(2, 1, 3, 5), size=[6, 7], **corners),
+                SampleInput(image(1, 2, 7, 4), scale_factor=[0.6, 1.7], **corners)]
+    return make
+
+
+def _scatter_samples(key):
+    """Negative starts, ends and indices; a block along the first dim (an IREE copy, once)."""
+    def make(dtype):
+        from torch.testing._internal.opinfo.core import SampleInput
+
+        values = lambda *shape: torch.randn(*shape).to(dtype) if dtype.is_floating_point else             torch.randint(-9, 9, shape).to(dtype)  # noqa: E731
+        if key == "slice_scatter":
+            return [SampleInput(values(8, 4), args=(values(4, 4), 0, 3, -1)),
+                    SampleInput(values(8, 4), args=(values(4, 4), 0, -5, -1)),
+                    SampleInput(values(8, 5), args=(values(8, 2), -1, -4, 8, 2)),
+                    SampleInput(values(1, 9, 3), args=(values(1, 3, 3), 1, 2, 5))]
+        if key == "select_scatter":
+            return [SampleInput(values(8, 4), args=(values(4), 0, -1)),
+                    SampleInput(values(3, 6), args=(values(3), -1, -2))]
+        return [SampleInput(values(8, 4), args=((torch.tensor([-1, -8, 2]),), values(3, 4))),
+                SampleInput(values(8, 4), args=((torch.tensor([-1, -1, 2]),), values(3, 4), True))]
+    return make
+
+
+# boo's own samples, run besides the OpInfo ones picked: the cases that once gave garbage
+# (nearest upsampling read past its input) or failed (slice_scatter with a negative end).
+EXTRA_SAMPLES = {
+    **{f"nn.functional.interpolate.{m}": _interpolate_samples(m)
+       for m in ("nearest", "bilinear", "bicubic", "nearest-exact")},
+    **{k: _scatter_samples(k) for k in ("slice_scatter", "select_scatter", "index_put")},
+}
+
+
 def select_samples(key: str, dtype: torch.dtype, count: int):
-    """A deterministic subset of the op's samples for this dtype: [(index, sample)]."""
+    """A deterministic subset of the op's samples for this dtype, then EXTRA_SAMPLES:
+    [(index, sample)]."""
     op = _op_db()[key]
     torch.manual_seed(_stable_seed(SEED, key, dtype))
     samples = list(op.sample_inputs("cpu", dtype, requires_grad=False))
@@ -216,7 +261,8 @@ def select_samples(key: str, dtype: torch.dtype, count: int):
     pool = small or list(range(len(samples)))
     rng = random.Random(f"{SEED}/{key}/{dtype}")
     picked = sorted(rng.sample(pool, min(count, len(pool))))
-    return [(i, samples[i]) for i in picked]
+    extra = EXTRA_SAMPLES[key](dtype) if key in EXTRA_SAMPLES else []
+    return [(i, samples[i]) for i in picked] + list(enumerate(extra, start=len(samples)))
 
 
 def op_dtypes(key: str, wanted) -> list[str]:
