@@ -10,6 +10,7 @@ import functools
 import logging
 import os
 import re
+import shlex
 import signal
 import subprocess
 
@@ -42,6 +43,13 @@ class Target:
     # What replaces optional_flags for a module with dynamic dims, where they compute wrong
     # values; None: the same flags.
     dynamic_optional_flags: tuple[str, ...] | None = None
+    # What replaces the embedded-linker flag for a module that computes in float64: IREE's
+    # CPU runtime has no float64 math functions (tanh, sin, atan2, ...) to link into its
+    # portable embedded library, so such a module links as a system shared library whose
+    # undefined libm symbols bind, when the runtime dlopens it, to the libm that Python
+    # itself links. The linker is the wheel's own lld (`-z now`: a missing symbol fails at
+    # load, not at a call). None: no such flags (GPU targets, whose math is their own).
+    f64_flags: tuple[str, ...] | None = None
     # Call the module's `main$async`, which takes a wait and a signal fence and may return
     # before the device is done (every torch-input module has one), instead of `main`,
     # which waits. GPU modules do; see boo_backend.gpu.
@@ -70,6 +78,9 @@ class Target:
         return ("local-task", "local-sync") if self.is_cpu else (self.driver,)
 
 
+_EMBEDDED_LINKER = f"--iree-llvmcpu-embedded-linker-path={find_tool('iree-lld')}"
+
+
 def parse_target(spec: str) -> Target:
     """Turn `llvm-cpu`, `cuda:sm_80` or `rocm:gfx942` (also `hip:`) into a Target."""
     kind, _, arch = spec.strip().partition(":")
@@ -86,9 +97,13 @@ def parse_target(spec: str) -> Target:
                 # rounding chain. Eager PyTorch reassociates too.
                 "--iree-llvmcpu-reassociate-fp-reductions",
                 "--iree-input-demote-f64-to-f32=false",
-                f"--iree-llvmcpu-embedded-linker-path={find_tool('iree-lld')}",
+                _EMBEDDED_LINKER,
             ),
             "local-task",
+            f64_flags=(
+                "--iree-llvmcpu-link-embedded=false",
+                f"--iree-llvmcpu-system-linker-path={shlex.quote(find_tool('iree-lld'))} -flavor gnu -z now",
+            ),
             # Packed (data-tiled) matmuls: measured 2x faster on the MLP backward here, but
             # IREE 3.13 fails on some ("operations with large vector sizes"); see compile_mlir.
             optional_flags=("--iree-opt-data-tiling",),
@@ -191,14 +206,26 @@ def has_dynamic_dims(mlir: str) -> bool:
     return _DYNAMIC_DIM.search(mlir) is not None
 
 
-def compile_flags(target: Target, optional: bool = True, dynamic: bool = False) -> list[str]:
-    """iree-compile's flags for `target`; `dynamic` for a module with dynamic dims."""
+_F64 = re.compile(r"[\[<,x]f64>")
+
+
+def computes_in_f64(mlir: str) -> bool:
+    """Whether a module's text has a float64 tensor type."""
+    return _F64.search(mlir) is not None
+
+
+def compile_flags(target: Target, optional: bool = True, dynamic: bool = False, f64: bool = False) -> list[str]:
+    """iree-compile's flags for `target`; `dynamic` for a module with dynamic dims, `f64`
+    for one that computes in float64 (see Target.f64_flags)."""
     extra = ()
     if optional:
         extra = target.optional_flags
         if dynamic and target.dynamic_optional_flags is not None:
             extra = target.dynamic_optional_flags
-    return ["--iree-input-type=torch", *target.flags, *extra]
+    flags = target.flags
+    if f64 and target.f64_flags is not None:
+        flags = (*(f for f in flags if f != _EMBEDDED_LINKER), *target.f64_flags)
+    return ["--iree-input-type=torch", *flags, *extra]
 
 
 class BooCompileTimeout(BooError):
@@ -249,8 +276,8 @@ def compile_mlir(mlir: str, target: Target, cache: CompileCache, timeout: float 
     full flag set even when the module needed the conservative one, so a warm cache never
     retries the failing compile. A compile that ran out of time is remembered with its limit,
     so later processes with the same or a shorter limit fail at once."""
-    dynamic = has_dynamic_dims(mlir)
-    flags = compile_flags(target, dynamic=dynamic)
+    dynamic, f64 = has_dynamic_dims(mlir), computes_in_f64(mlir)
+    flags = compile_flags(target, dynamic=dynamic, f64=f64)
     key = cache.key("vmfb", mlir, *flags, target.name, host=target.host_specific)
     blob = cache.get(key)
     if blob is not None:
@@ -263,12 +290,12 @@ def compile_mlir(mlir: str, target: Target, cache: CompileCache, timeout: float 
         try:
             blob = _run_compiler(mlir, flags, cache, timeout)
         except BooCompileError as e:
-            optional = set(flags) - set(compile_flags(target, optional=False))
+            optional = set(flags) - set(compile_flags(target, optional=False, f64=f64))
             if not optional:
                 raise
             log.debug("boo: iree-compile failed with %s; retrying without them:\n%s",
                       " ".join(sorted(optional)), e.diagnostics[:2000])
-            blob = _run_compiler(mlir, compile_flags(target, optional=False), cache, timeout)
+            blob = _run_compiler(mlir, compile_flags(target, optional=False, f64=f64), cache, timeout)
     except BooCompileTimeout:
         cache.put_json(timed_out, {"limit": timeout})
         raise

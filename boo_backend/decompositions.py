@@ -199,6 +199,18 @@ def _weight_norm_interface_backward(grad_w, saved_v, saved_g, saved_norms, dim):
     return grad_v.to(saved_v.dtype), grad_g.reshape(saved_g.shape).to(saved_g.dtype)
 
 
+def _scaled_mm(a, b, scale_a, scale_b, bias=None, scale_result=None, out_dtype=None, use_fast_accum=False):
+    """float8 matmul with per-tensor or per-row/column scales: the product of the float32
+    values, accumulated in float32, scaled, biased, then cast (as eager's CPU kernel)."""
+    if scale_result is not None:
+        return NotImplemented
+    f32 = torch.float32
+    out = torch.mm(a.to(f32), b.to(f32)) * scale_a.to(f32) * scale_b.to(f32)
+    if bias is not None:
+        out = out + bias.to(f32)
+    return out.to(out_dtype if out_dtype is not None else a.dtype)
+
+
 def cast_to(out, expected):
     """`out` (a decomposition's result) with the dtypes of `expected` (the op's own results)."""
     if isinstance(out, (tuple, list)) and isinstance(expected, (tuple, list)):
@@ -319,8 +331,11 @@ def eager_indexing():
 
 # core ATen's entry for CPU flash attention saves the probabilities where its backward
 # expects the log-sum-exp, so training through it fails; this one saves the log-sum-exp.
+# torch-mlir's _scaled_mm takes only dims that are multiples of 16; the product of the float32
+# values takes any.
 AOT = {
     aten._scaled_dot_product_flash_attention_for_cpu.default: _flash_attention_cpu,
+    aten._scaled_mm.default: _scaled_mm,
 }
 
 FALLBACK = {

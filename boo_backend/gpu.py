@@ -38,12 +38,39 @@ import threading
 
 import iree.runtime as rt
 import torch
+from torch.utils.dlpack import to_dlpack
 
 from .config import BooError
 
 log = logging.getLogger("boo_backend")
 
 DLPACK_CPU, DLPACK_CUDA, DLPACK_ROCM = 1, 2, 10
+
+# torch's float8 dtypes as IREE's element types. IREE's DLPack import and export know no
+# float8 ("dlpack unsupported buffer view element type"), so these cross as uint8 views of
+# the same bytes and get their type back on the other side.
+FLOAT8 = {getattr(torch, name): getattr(rt.HalElementType, element) for name, element in (
+    ("float8_e4m3fn", "FLOAT_8_E4M3_FN"), ("float8_e4m3fnuz", "FLOAT_8_E4M3_FNUZ"),
+    ("float8_e5m2", "FLOAT_8_E5M2"), ("float8_e5m2fnuz", "FLOAT_8_E5M2_FNUZ"),
+    ("float8_e8m0fnu", "FLOAT_8_E8M0_FNU")) if hasattr(torch, name)}
+_FLOAT8_DTYPE = {int(element): dtype for dtype, element in FLOAT8.items()}
+
+
+def import_tensor(hal: rt.HalDevice, t: torch.Tensor) -> rt.HalBufferView:
+    """`t` as a buffer view of `hal`, zero-copy through DLPack (to_dlpack: see above)."""
+    if t.dtype not in FLOAT8:
+        return hal.from_dlpack_capsule(to_dlpack(t))
+    raw = hal.from_dlpack_capsule(to_dlpack(t.view(torch.uint8)))
+    return rt.HalBufferView(raw.get_buffer(), list(t.shape), FLOAT8[t.dtype])
+
+
+def export_tensor(hal: rt.HalDevice, view: rt.HalBufferView, dl_device: int, index: int) -> torch.Tensor:
+    """A result buffer view as a torch tensor on DLPack device (`dl_device`, `index`), zero-copy."""
+    dtype = _FLOAT8_DTYPE.get(int(view.element_type))
+    if dtype is None:
+        return torch.from_dlpack(hal.create_dlpack_capsule(view, dl_device, index))
+    raw = rt.HalBufferView(view.get_buffer(), list(view.shape), rt.HalElementType.UINT_8)
+    return torch.from_dlpack(hal.create_dlpack_capsule(raw, dl_device, index)).view(dtype)
 
 
 class BooDeviceError(BooError):
@@ -87,8 +114,7 @@ class Queue:
         return results
 
     def export(self, results: rt.VmVariantList) -> list[torch.Tensor]:
-        export = self.hal.create_dlpack_capsule
-        return [torch.from_dlpack(export(results.get_as_object(i, rt.HalBufferView), self.dl_device, self.index))
+        return [export_tensor(self.hal, results.get_as_object(i, rt.HalBufferView), self.dl_device, self.index)
                 for i in range(len(results))]
 
 

@@ -22,7 +22,7 @@ import torch.fx as fx
 from . import extern, match, symbolic
 from .cache import CompileCache, write_atomic
 from .compile import (
-    BooCompileError, Target, compile_flags, compile_mlir, has_dynamic_dims, target_for,
+    BooCompileError, Target, compile_flags, compile_mlir, computes_in_f64, has_dynamic_dims, target_for,
     unconverted_ops,
 )
 from .config import BooError, BooFallbackWarning, BooStrictError, Options
@@ -401,7 +401,7 @@ class CompiledGraph:
         lowered = lower(graph)
         if dump:
             write_atomic(dump / f"{part}.mlir", lowered.mlir)
-            flags = compile_flags(target, dynamic=has_dynamic_dims(lowered.mlir))
+            flags = compile_flags(target, dynamic=has_dynamic_dims(lowered.mlir), f64=computes_in_f64(lowered.mlir))
             write_atomic(dump / f"{part}.flags", "\n".join(flags) + "\n")
         if not compute_nodes(lowered.core):
             return IreePart(lowered, None)

@@ -15,7 +15,6 @@ import time
 
 import iree.runtime as rt
 import torch
-from torch.utils.dlpack import to_dlpack
 
 from . import gpu
 from .compile import Target
@@ -118,8 +117,7 @@ class _Loaded:
             return self.queue.export(self.queue.invoke(self.context, self.function, args, num_results, sync))
         results = rt.VmVariantList(num_results)
         self.context.invoke(self.function, args, results)
-        export = self.device.create_dlpack_capsule
-        return [torch.from_dlpack(export(results.get_as_object(i, rt.HalBufferView), gpu.DLPACK_CPU, 0))
+        return [gpu.export_tensor(self.device, results.get_as_object(i, rt.HalBufferView), gpu.DLPACK_CPU, 0)
                 for i in range(len(results))]
 
 
@@ -301,10 +299,9 @@ def _arguments(device: rt.HalDevice, passed: list[torch.Tensor]) -> rt.VmVariant
     an i64, and room for the two fences of a fenced module. (IREE 3.13's VmVariantList
     cannot be cleared, so one is built per call.)"""
     args = rt.VmVariantList(len(passed) + 2)
-    from_dlpack = device.from_dlpack_capsule
     for t in passed:
         if isinstance(t, torch.Tensor):
-            args.push_ref(from_dlpack(to_dlpack(t)).ref)
+            args.push_ref(gpu.import_tensor(device, t).ref)
         else:
             args.push_int(int(t))
     return args

@@ -55,12 +55,13 @@ def test_float64_softmax_from_float32():
     assert_close(_compile(fn)(x), fn(x), "softmax")
 
 
-def test_float64_math_the_cpu_target_lacks_runs_as_an_island(lenient):
-    """IREE's CPU runtime has no f64 sin: that op alone runs in eager, with a warning."""
+def test_float64_math_boo_cannot_compute_runs_as_an_island(lenient):
+    """float64 erfc has no IREE form that keeps float64's precision: that op alone runs in
+    eager, with a warning (the others: tests/test_float64_math.py)."""
     x = torch.randn(4, 8, dtype=torch.float64)
-    fn = lambda x: (x * 2).sin().sum(0) + 1  # noqa: E731
-    assert_close(_compile(fn)(x), fn(x), "sin")
-    assert any("torch.aten.sin" in str(w.message) for w in lenient)
+    fn = lambda x: (x * 2).erfc().sum(0) + 1  # noqa: E731
+    assert_close(_compile(fn)(x), fn(x), "erfc")
+    assert any("erfc" in str(w.message) for w in lenient)
     assert boo_backend.placements()[-1].island == 1
 
 
@@ -343,11 +344,11 @@ def test_float64_attention_is_computed_in_float64():
         assert_close(a.grad, b.grad, f"d{name}")
 
 
-def test_float64_tanh_alone_runs_in_eager(lenient):
+def test_float64_tanh_runs_in_iree():
     lin = torch.nn.Linear(8, 8).double()
     fn = lambda x: lin(torch.tanh(lin(x)))  # noqa: E731
     x = torch.randn(4, 8, dtype=torch.float64)
     assert_close(_compile(fn)(x), fn(x), "f64 tanh")
     placement = boo_backend.placements()[-1]
-    assert placement.island_ops == ("torch.aten.tanh",), placement.line()
+    assert placement.island == 0, placement.line()
     assert not placement.recovered
