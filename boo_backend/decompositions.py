@@ -211,6 +211,61 @@ def _scaled_mm(a, b, scale_a, scale_b, bias=None, scale_result=None, out_dtype=N
     return out.to(out_dtype if out_dtype is not None else a.dtype)
 
 
+def _fma(a, b, c):
+    """Dynamo's form of addcmul_/addcdiv_ with value= and add_ with a tensor alpha (every
+    Adam-family step): a * b + c. Eager computes those ops unfused too."""
+    return a * b + c
+
+
+def _per_tensor(op, base):
+    """A _foreach_ op as one `base` call per tensor: list arguments (Tensor[], Scalar[])
+    indexed, the rest shared; addcmul/addcdiv's per-tensor `scalars` tensor indexed too."""
+    listed = [isinstance(a.type, torch._C.ListType) for a in op._schema.arguments]
+    names = [a.name for a in op._schema.arguments]
+    # Arguments the per-tensor op takes by keyword only (addcmul's value, add's alpha).
+    keyword = {a.name for o in base.overloads() for a in getattr(base, o)._schema.arguments if a.kwarg_only}
+
+    def run(*args, **kwargs):
+        args = list(args) + [kwargs.pop(n) for n in names[len(args):] if n in kwargs]
+        count = len(next(a for a, is_list in zip(args, listed) if is_list))
+        results = []
+        for i in range(count):
+            call = [a[i] if is_list else a for a, is_list in zip(args, listed)]
+            if "scalars" in names and isinstance(call[names.index("scalars")], torch.Tensor) \
+                    and base in (aten.addcmul, aten.addcdiv):
+                self_, t1, t2, weights = call[:4]
+                term = aten.mul.Tensor(t1, t2) if base is aten.addcmul else aten.div.Tensor(t1, t2)
+                results.append(aten.add.Tensor(self_, aten.mul.Tensor(term, weights[i])))
+            else:
+                named = {n: a for n, a in zip(names, call) if n in keyword}
+                results.append(base(*[a for n, a in zip(names, call) if n not in keyword], **named, **kwargs))
+        return results
+
+    return run
+
+
+def foreach_decompositions() -> dict:
+    """Every functional _foreach_ overload whose per-tensor op exists: torch-mlir lowers no
+    _foreach_ op, and optimizers (foreach=True, the default on CPU tensors) and clip_grad_norm_
+    call them."""
+    table = {}
+    for name in dir(aten):
+        base = getattr(aten, name[len("_foreach_"):], None) if name.startswith("_foreach_") else None
+        if base is None or name.endswith("_"):
+            continue
+        packet = getattr(aten, name)
+        for overload in packet.overloads():
+            if "out" not in overload:
+                table[getattr(packet, overload)] = _per_tensor(getattr(packet, overload), base)
+    return table
+
+
+def fma_decomposition() -> dict:
+    from torch._inductor import inductor_prims  # noqa: F401  (registers prims.fma)
+
+    return {torch.ops.prims.fma.default: _fma}
+
+
 def cast_to(out, expected):
     """`out` (a decomposition's result) with the dtypes of `expected` (the op's own results)."""
     if isinstance(out, (tuple, list)) and isinstance(expected, (tuple, list)):

@@ -18,7 +18,7 @@ import torch.fx as fx
 
 from . import composites
 from .config import Options
-from .decompositions import AOT, keep_dtypes
+from .decompositions import AOT, fma_decomposition, foreach_decompositions, keep_dtypes
 from .embed import META_KEY, schema_args
 
 log = logging.getLogger("boo_backend")
@@ -107,6 +107,8 @@ def decompositions(opts: Options) -> dict:
     from torch._decomp import core_aten_decompositions
 
     table = dict(core_aten_decompositions())
+    table.update(foreach_decompositions())
+    table.update(fma_decomposition())
     table.update(AOT)
     for op in composites.enabled(opts.force_decompose):
         table.pop(op, None)
