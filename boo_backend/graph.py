@@ -32,7 +32,7 @@ from .verify import Verifier
 from .lower import Lowered, lower, unregistered_ops
 from .partition import (
     Plan, compute_nodes, decomposition_table, fold_empty, is_symbolic, node_places,
-    fold_known_sizes, preparation_table, retrace, retrace_symbolic, wrong_in_iree, split_islands,
+    fold_known_sizes, preparation_table, retrace, retrace_symbolic, wrong_in_iree, split_independent, split_islands,
 )
 from .part import IreePart
 from .placement import PLACEMENTS, Placement
@@ -390,8 +390,18 @@ class CompiledGraph:
         aten = sum(p == "aten" and n.target is not operator.getitem for n, p in places.items())
         island = sum(p == "eager" and n.target is not operator.getitem for n, p in places.items())
         if set(places.values()) <= {"iree"}:
-            return self._compile_part(graph, target, dump, "module"), composites, aten, 0
-        outer, place_of_part = split_islands(graph, places)
+            try:
+                return self._compile_part(graph, target, dump, "module"), composites, aten, 0
+            except Exception as e:
+                bindings = re.search(r"binding count (\d+) > (\d+)", str(e))
+                if bindings is None:
+                    raise
+                parts = 2 * -(-int(bindings.group(1)) // int(bindings.group(2)))
+                log.info("boo %s: IREE built a dispatch of %s bindings; compiling it as %d modules",
+                         self.name, bindings.group(1), parts)
+                outer, place_of_part = split_independent(graph, parts)
+        else:
+            outer, place_of_part = split_islands(graph, places)
         for sub, place in place_of_part.items():
             if place == "iree":
                 setattr(outer, sub, self._compile_part(getattr(outer, sub), target, dump, sub))

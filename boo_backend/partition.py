@@ -374,3 +374,30 @@ def split_islands(gm: fx.GraphModule, places: dict[fx.Node, str]) -> tuple[fx.Gr
     place_of_part = {f"submod_{index[n]}": places[n] for n in index}
     outer = split_module(gm, None, lambda n: index[n], keep_original_order=True)
     return outer, place_of_part
+
+
+def split_independent(gm: fx.GraphModule, parts: int) -> tuple[fx.GraphModule, dict[str, str]]:
+    """Cut `gm` into up to `parts` IREE submodules, each a run of whole connected components
+    of its computation (nodes joined by data edges; inputs join nothing). For graphs of many
+    independent chains, such as an optimizer step over many parameters, whose single module
+    IREE 3.13 builds with a dispatch of more bindings than its runtime allows (32)."""
+    parent: dict[fx.Node, fx.Node] = {}
+
+    def root(n: fx.Node) -> fx.Node:
+        while parent[n] is not n:
+            parent[n] = parent[parent[n]]
+            n = parent[n]
+        return n
+
+    calls = [n for n in gm.graph.nodes if n.op == "call_function"]
+    for n in calls:
+        parent[n] = n
+        for a in n.all_input_nodes:
+            if a in parent:
+                parent[root(a)] = root(n)
+    components = list(dict.fromkeys(root(n) for n in calls))
+    chunk = {c: i * parts // len(components) for i, c in enumerate(components)}
+    index = {n: chunk[root(n)] for n in calls}
+    outer = split_module(gm, None, lambda n: index[n], keep_original_order=True)
+    return outer, {f"submod_{k}": "iree" for k in set(index.values())}
+
