@@ -211,6 +211,27 @@ def _scaled_mm(a, b, scale_a, scale_b, bias=None, scale_result=None, out_dtype=N
     return out.to(out_dtype if out_dtype is not None else a.dtype)
 
 
+def _transposed_convolution_backward(grad, x, weight, bias_sizes, stride, padding, dilation, transposed,
+                                     output_padding, groups, output_mask):
+    """The gradients of a transposed convolution from ordinary convolutions, which torch-mlir
+    lowers: its input gradient is the ordinary convolution of `grad` with the same weight
+    (the adjoint), its weight gradient the weight gradient of that ordinary convolution with
+    `x` as the gradient, its bias gradient the sum of `grad` over all but the channels."""
+    if not transposed:
+        return NotImplemented
+    plain = [0] * len(stride)
+    dx = dw = db = None
+    if output_mask[0]:
+        dx = aten.convolution.default(grad, weight, None, stride, padding, dilation, False, plain, groups)
+    if output_mask[1]:
+        dw = aten.convolution_backward.default(x, grad, weight, None, stride, padding, dilation, False, plain,
+                                               groups, [False, True, False])[1]
+    if output_mask[2]:
+        wide = torch.float32 if grad.dtype in (torch.float16, torch.bfloat16) else grad.dtype
+        db = aten.sum.dim_IntList(grad, [0, *range(2, grad.dim())], dtype=wide).to(grad.dtype)
+    return dx, dw, db
+
+
 def _fma(a, b, c):
     """Dynamo's form of addcmul_/addcdiv_ with value= and add_ with a tensor alpha (every
     Adam-family step): a * b + c. Eager computes those ops unfused too."""
@@ -400,4 +421,5 @@ FALLBACK = {
     aten.as_strided_scatter.default: _as_strided_scatter,
     aten.avg_pool2d_backward.default: _avg_pool2d_backward,
     aten._weight_norm_interface_backward.default: _weight_norm_interface_backward,
+    aten.convolution_backward.default: _transposed_convolution_backward,
 }
