@@ -8,15 +8,17 @@ from __future__ import annotations
 import contextlib
 import itertools
 import logging
+import warnings
 
 import torch.fx as fx
 from torch._dynamo.backends.common import aot_autograd
+from torch._functorch.aot_autograd import make_boxed_func
 from torch._functorch import config as functorch_config
 from torch._functorch.partitioners import default_partition, min_cut_rematerialization_partition
 
-from . import composites, match, patterns
+from . import composites, hops, match, patterns
 from .compile import Target, target_for
-from .config import Options
+from .config import BooError, BooFallbackWarning, BooStrictError, Options
 from .decompositions import eager_indexing
 from .graph import CompiledGraph
 
@@ -34,7 +36,15 @@ def boo(gm: fx.GraphModule, example_inputs, options: dict | None = None, **kwarg
 
     def compiler(kind: str):
         def compile_graph(graph: fx.GraphModule, _example_inputs):
-            return CompiledGraph(graph, kind, opts, f"{kind}_{graph_id:03d}")
+            name = f"{kind}_{graph_id:03d}"
+            try:
+                graph = hops.inline(graph)
+            except BooError as e:
+                if opts.strict:
+                    raise BooStrictError(f"boo strict: {kind} graph {name}: {e}") from e
+                warnings.warn(f"{e} ({kind} graph {name})", BooFallbackWarning, stacklevel=2)
+                return make_boxed_func(graph.forward)
+            return CompiledGraph(graph, kind, opts, name)
 
         return compile_graph
 

@@ -1,0 +1,207 @@
+"""Higher-order ops in AOTAutograd's graphs, rewritten into plain ATen before boo places the
+graph (torch-mlir's importer takes none of them). A leaf: imports nothing else from boo_backend
+but config.
+
+- invoke_subgraph (torch.compiler.nested_compile_region): the subgraph inlined.
+- cond: both branches inlined and their results selected with `where` (cond's branches are
+  pure and return alike; an IREE module has no branches to skip).
+- run_and_save_rng_state / run_with_rng_state (activation checkpointing around randomness):
+  the saved "state" becomes random bytes drawn in the forward, and the random ops that the
+  op (or subgraph) runs draw from a counter-based generator keyed by those bytes, so that
+  the backward's recomputation draws exactly the forward's numbers.
+- auto_functionalized (a custom op that mutates its input): the op on a copy of what it
+  mutates; the op itself then runs as an eager island, as any custom op does.
+- while_loop and any other: refused with an error naming the op (the graph then runs in
+  eager PyTorch with a warning that names it, or strict mode raises).
+
+The graph is traced again (make_fx on its own inputs' fake values, symbolic sizes kept)
+through an interpreter that runs these rewrites.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.fx as fx
+from torch._guards import detect_fake_mode
+from torch.fx.experimental.proxy_tensor import make_fx
+
+from .config import BooError
+
+aten = torch.ops.aten
+
+_GOLDEN = -7046029254386353131  # 0x9E3779B97F4A7C15 as a signed int64
+_MIX1, _MIX2 = -4658895280553007687, -7723592293110705685  # splitmix64's multipliers
+
+
+def _shr(x, bits: int):
+    """Logical shift right of int64 values, as a division (torch-mlir lowers no int64 shift):
+    the low 63 bits divided by 2^bits, plus the sign bit moved down."""
+    low = aten.div.Scalar_mode(aten.bitwise_and.Scalar(x, (1 << 63) - 1), 1 << bits, rounding_mode="trunc")
+    return aten.add.Tensor(low, aten.mul.Scalar(aten._to_copy.default(aten.lt.Scalar(x, 0), dtype=torch.int64),
+                                                1 << (63 - bits)))
+
+
+def uniform(seed: torch.Tensor, shape, dtype: torch.dtype, device) -> torch.Tensor:
+    """Uniform [0, 1) numbers of `shape`, a function of `seed` (0-d int64) and of each
+    element's index: splitmix64's finalizer of seed * m + index * golden."""
+    count = 1
+    for s in shape:
+        count = count * s
+    index = aten.arange.start_step(0, count, 1, dtype=torch.int64, device=device)
+    h = aten.add.Tensor(aten.mul.Scalar(index, _GOLDEN), aten.mul.Scalar(seed, _MIX1))
+    h = aten.mul.Scalar(aten.bitwise_xor.Tensor(h, _shr(h, 30)), _MIX1)
+    h = aten.mul.Scalar(aten.bitwise_xor.Tensor(h, _shr(h, 27)), _MIX2)
+    h = aten.bitwise_xor.Tensor(h, _shr(h, 31))
+    bits, wide = (53, torch.float64) if dtype == torch.float64 else (24, torch.float32)
+    u = aten.mul.Scalar(aten._to_copy.default(_shr(h, 64 - bits), dtype=wide), 2.0 ** -bits)
+    return aten.reshape.default(aten._to_copy.default(u, dtype=dtype), list(shape))
+
+
+def _dropout(seed, x, p, train):
+    if not train or p == 0:
+        return x, aten.ones_like.default(x, dtype=torch.bool)
+    keep = aten.ge.Scalar(uniform(seed, x.shape, torch.float32, x.device), p)
+    return aten.mul.Scalar(aten.mul.Tensor(x, keep), 1.0 / (1.0 - p)), keep
+
+
+# The random ops a checkpointed region may run, drawn from a seed: op -> f(seed, *args, **kwargs).
+SEEDED = {
+    aten.native_dropout.default: _dropout,
+    aten.bernoulli.p: lambda seed, x, p=0.5, *, generator=None: aten._to_copy.default(
+        aten.lt.Scalar(uniform(seed, x.shape, torch.float32, x.device), p), dtype=x.dtype),
+    aten.bernoulli.default: lambda seed, x, *, generator=None: aten._to_copy.default(
+        aten.lt.Tensor(uniform(seed, x.shape, torch.float32, x.device), x), dtype=x.dtype),
+    aten.rand_like.default: lambda seed, x, *, dtype=None, **kw: uniform(seed, x.shape, dtype or x.dtype, x.device),
+    aten.rand.default: lambda seed, size, *, dtype=None, device=None, **kw: uniform(
+        seed, size, dtype or torch.float32, device or "cpu"),
+}
+
+
+def _draws_nothing(op, args, kwargs) -> bool:
+    """A random op called so that it draws no numbers: attention with dropout_p = 0."""
+    if op is aten._scaled_dot_product_flash_attention_for_cpu.default:
+        return (args[3] if len(args) > 3 else kwargs.get("dropout_p", 0.0)) == 0
+    return False
+
+
+def _is_random(op) -> bool:
+    return isinstance(op, torch._ops.OpOverload) and torch.Tag.nondeterministic_seeded in op.tags
+
+
+class _Run(fx.Interpreter):
+    """Runs a graph (under make_fx), higher-order ops by the rewrites; with `seed`, random
+    ops draw from it (SEEDED)."""
+
+    def __init__(self, gm: fx.GraphModule, seed=None):
+        super().__init__(gm)
+        self.seed = seed
+
+    def call_function(self, target, args, kwargs):
+        if isinstance(target, torch._ops.HigherOrderOperator):
+            rewrite = getattr(self, "_" + target.name(), None)
+            if rewrite is None:
+                raise BooError(f"boo: torch.ops.higher_order.{target.name()} cannot be lowered to IREE "
+                               "(boo lowers invoke_subgraph, cond, checkpointing's rng ops and "
+                               "auto_functionalized); the graph runs in eager PyTorch")
+            return rewrite(*args, **kwargs)
+        if self.seed is not None and _is_random(target) and not _draws_nothing(target, args, kwargs):
+            if target not in SEEDED:
+                raise BooError(f"boo: {target} under activation checkpointing draws numbers boo cannot "
+                               "draw again in the backward (it can for dropout, bernoulli and rand)")
+            self.seed = self.seed + 1  # a new stream for each random op of the region
+            return SEEDED[target](self.seed, *args, **kwargs)
+        return super().call_function(target, args, kwargs)
+
+    def _sub(self, graph, args, seed=None):
+        out = _Run(graph, seed).run(*args)
+        return out
+
+    def _invoke_subgraph(self, subgraph, identifier, *operands):
+        return self._sub(subgraph, operands)
+
+    def _cond(self, pred, true_fn, false_fn, operands):
+        ours, theirs = self._sub(true_fn, operands), self._sub(false_fn, operands)
+        select = lambda a, b: aten.where.self(pred, a, b) if isinstance(a, torch.Tensor) else a  # noqa: E731
+        if isinstance(ours, (tuple, list)):
+            return type(ours)(select(a, b) for a, b in zip(ours, theirs))
+        return select(ours, theirs)
+
+    def _run_and_save_rng_state(self, op, *args, **kwargs):
+        state = aten._to_copy.default(aten.mul.Scalar(aten.rand.default([_STATE_BYTES]), 256.0), dtype=torch.uint8)
+        return state, self._run_with_rng_state(state, op, *args, **kwargs)
+
+    def _run_with_rng_state(self, state, op, *args, **kwargs):
+        # seven bytes of the state as one int64 (through float: IREE widens uint8 as signed)
+        head = aten._to_copy.default(aten._to_copy.default(aten.slice.Tensor(state, 0, 0, 7), dtype=torch.float32),
+                                     dtype=torch.int64)
+        seed = aten.select.int(head, 0, 0)
+        for k in range(1, 7):
+            seed = aten.add.Tensor(seed, aten.mul.Scalar(aten.select.int(head, 0, k), 256 ** k))
+        if isinstance(op, fx.GraphModule):
+            return self._sub(op, args, seed)
+        if _is_random(op):
+            return _Run(_single(op, len(args), kwargs), seed).run(*args)
+        return op(*args, **kwargs)
+
+    def _auto_functionalized(self, op, **kwargs):
+        return self._functionalized(op, kwargs, v2=False)
+
+    def _auto_functionalized_v2(self, op, **kwargs):
+        return self._functionalized(op, kwargs, v2=True)
+
+    def _functionalized(self, op, kwargs, v2: bool):
+        """The op on copies of what it mutates; returns (its results..., the copies...)."""
+        mutated = [a.name for a in op._schema.arguments if a.alias_info is not None and a.alias_info.is_write]
+        bases = None
+        if v2:
+            bases = list(kwargs.pop("_all_bases"))
+            for name in mutated:
+                index = kwargs.pop(f"_{name}_base_index", None)
+                for extra in ("_size", "_stride", "_storage_offset", "_slice_dim", "_slice_start", "_slice_end"):
+                    kwargs.pop(f"_{name}{extra}", None)
+                if index is not None:
+                    bases[index] = aten.clone.default(bases[index])
+                    kwargs[name] = bases[index]
+        else:
+            for name in mutated:
+                if kwargs.get(name) is not None:
+                    kwargs[name] = aten.clone.default(kwargs[name])
+        out = op(**kwargs)
+        # auto_functionalized's results: the op's (a None for an op that returns nothing), then the written
+        results = list(out) if isinstance(out, (tuple, list)) else [out]
+        written = bases if v2 else [kwargs[name] for name in mutated]
+        return tuple(results + list(written))
+
+
+_STATE_BYTES = 5056  # torch.get_rng_state()'s size on the CPU; replaced by the graph's own
+
+
+def _single(op, count: int, kwargs) -> fx.GraphModule:
+    """A graph of one call of `op` on `count` inputs."""
+    graph = fx.Graph()
+    inputs = [graph.placeholder(f"a{i}") for i in range(count)]
+    graph.output(graph.call_function(op, tuple(inputs), kwargs))
+    return fx.GraphModule(torch.nn.Module(), graph)
+
+
+def has_higher_order_ops(gm: fx.GraphModule) -> bool:
+    return any(n.op == "call_function" and isinstance(n.target, torch._ops.HigherOrderOperator)
+               for n in gm.graph.nodes)
+
+
+def inline(gm: fx.GraphModule) -> fx.GraphModule:
+    """`gm` traced again with its higher-order ops rewritten (see the module's docstring);
+    `gm` itself when it has none."""
+    if not has_higher_order_ops(gm):
+        return gm
+    global _STATE_BYTES
+    for n in gm.graph.nodes:
+        if n.op == "call_function" and n.target is torch.ops.higher_order.run_and_save_rng_state:
+            for user in n.users:
+                if user.args[1] == 0 and isinstance(user.meta.get("val"), torch.Tensor) \
+                        and isinstance(user.meta["val"].numel(), int):
+                    _STATE_BYTES = user.meta["val"].numel()
+    values = [n.meta["val"] for n in gm.graph.nodes if n.op == "placeholder"]
+    fake_mode = detect_fake_mode(values)
+    with fake_mode:
+        return make_fx(lambda *a: _Run(gm).run(*a), tracing_mode="real")(*values)
