@@ -328,9 +328,12 @@ def _elementwise(op, args, kwargs, expected) -> bool:
     """Pointwise by tag, or shaped like it: every tensor argument and the result alike."""
     if torch.Tag.pointwise in getattr(op, "tags", ()):
         return True
+    from torch.fx.experimental.symbolic_shapes import statically_known_true
+
     tensors = _tensors_of(args, kwargs)
     return (isinstance(expected, torch.Tensor) and bool(tensors)
-            and all(t.shape == expected.shape for t in tensors))
+            and all(t.dim() == expected.dim() and all(statically_known_true(a == b) for a, b in zip(t.shape, expected.shape))
+                    for t in tensors))
 
 
 def expected_results(op, args, kwargs):
@@ -358,8 +361,8 @@ def keep_dtypes(op, decomposition):
 
     def run(*args, **kwargs):
         out = decomposition(*args, **kwargs)
-        if out is NotImplemented:
-            return out
+        if out is NotImplemented or len({t.dtype for t in _tensors_of(args, kwargs)}) < 2:
+            return out  # one input dtype: nothing to promote (and no fake kernel run, no guard added)
         expected = expected_results(op, args, kwargs)
         return out if expected is None else cast_to(out, expected)
 
