@@ -71,7 +71,7 @@ def test_dynamic_inference(name):
     boo_backend.reset()
     run = torch.compile(model, backend="boo")
     failures = []
-    sizes = _sizes(name, 4)
+    sizes = _sizes(name, 3)
     with torch.no_grad():
         for (b, s), batch in zip(sizes, _batches(name, sizes)):
             ours, ref = run(**batch), model(**batch)
@@ -94,7 +94,7 @@ def test_dynamic_training_step(name):
     ref_params = dict(ref.named_parameters())
     failures = []
     compiled = None
-    sizes = _sizes(name, 3)
+    sizes = _sizes(name, 2)
     for (b, s), batch in zip(sizes, _batches(name, sizes)):
         model.zero_grad()
         ref.zero_grad()

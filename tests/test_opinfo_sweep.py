@@ -21,7 +21,7 @@ As a script, for diagnosis (prints the table; exit status 1 when a sample is bad
     python tests/test_opinfo_sweep.py [--ops add,sort] [--dtypes float32,int64]
         [--samples 2] [--no-worker] [--verbose]
 
-Environment: BOO_OPINFO_SAMPLES (samples per op and dtype, default 3), BOO_OPINFO_HANG_S
+Environment: BOO_OPINFO_SAMPLES (samples per op and dtype, default 1), BOO_OPINFO_HANG_S
 (the HANG limit, default 60 s), BOO_OPINFO_REPORT (a file to write the summary table to).
 """
 
@@ -58,7 +58,9 @@ HANG_LIMIT_S = float(os.environ.get("BOO_OPINFO_HANG_S", "60"))
 KILL_GRACE_S = min(30.0, HANG_LIMIT_S)
 WORKER_START_S = 180
 
-SAMPLES_PER_DTYPE = int(os.environ.get("BOO_OPINFO_SAMPLES", "3"))
+# One sample per op and dtype keeps the sweep within CI's budget (three took 24 minutes on
+# 2 cores); BOO_OPINFO_SAMPLES=3 (or more) widens it.
+SAMPLES_PER_DTYPE = int(os.environ.get("BOO_OPINFO_SAMPLES", "1"))
 # Samples with more elements than this in one tensor are not picked (if smaller ones exist).
 MAX_NUMEL = 4096
 SEED = 0
@@ -216,9 +218,7 @@ def _interpolate_samples(mode):
         image = lambda *shape: torch.rand(*shape).to(dtype)  # noqa: E731
         corners = {"mode": mode, **({} if mode.startswith("nearest") else {"align_corners": False})}
         return [SampleInput(image(1, 1, 2, 2), size=[6, 10], **corners),
-                SampleInput(image(1, 2, 2, 2), scale_factor=[2.3, 4.7], **corners),
-                SampleInput(image(2, 1, 3, 5), size=[6, 7], **corners),
-                SampleInput(image(1, 2, 7, 4), scale_factor=[0.6, 1.7], **corners)]
+                SampleInput(image(1, 2, 7, 4), scale_factor=[0.6, 4.7], **corners)]
     return make
 
 
