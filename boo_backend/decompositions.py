@@ -245,6 +245,7 @@ def _per_tensor(op, base):
     names = [a.name for a in op._schema.arguments]
     # Arguments the per-tensor op takes by keyword only (addcmul's value, add's alpha).
     keyword = {a.name for o in base.overloads() for a in getattr(base, o)._schema.arguments if a.kwarg_only}
+    weighted = "scalars" in names and base in (aten.addcmul, aten.addcdiv)
 
     def run(*args, **kwargs):
         args = list(args) + [kwargs.pop(n) for n in names[len(args):] if n in kwargs]
@@ -252,8 +253,7 @@ def _per_tensor(op, base):
         results = []
         for i in range(count):
             call = [a[i] if is_list else a for a, is_list in zip(args, listed)]
-            if "scalars" in names and isinstance(call[names.index("scalars")], torch.Tensor) \
-                    and base in (aten.addcmul, aten.addcdiv):
+            if weighted and isinstance(call[names.index("scalars")], torch.Tensor):
                 self_, t1, t2, weights = call[:4]
                 term = aten.mul.Tensor(t1, t2) if base is aten.addcmul else aten.div.Tensor(t1, t2)
                 results.append(aten.add.Tensor(self_, aten.mul.Tensor(term, weights[i])))

@@ -92,9 +92,11 @@ class _Run(fx.Interpreter):
     """Runs a graph (under make_fx), higher-order ops by the rewrites; with `seed`, random
     ops draw from it (SEEDED)."""
 
-    def __init__(self, gm: fx.GraphModule, seed=None):
+    def __init__(self, gm: fx.GraphModule, seed=None, state_bytes: int = 5056):
         super().__init__(gm)
         self.seed = seed
+        # the size of the "rng state" the graph saves (torch.get_rng_state()'s on the CPU)
+        self.state_bytes = state_bytes
 
     def call_function(self, target, args, kwargs):
         if isinstance(target, torch._ops.HigherOrderOperator):
@@ -113,8 +115,7 @@ class _Run(fx.Interpreter):
         return super().call_function(target, args, kwargs)
 
     def _sub(self, graph, args, seed=None):
-        out = _Run(graph, seed).run(*args)
-        return out
+        return _Run(graph, seed, self.state_bytes).run(*args)
 
     def _invoke_subgraph(self, subgraph, identifier, *operands):
         return self._sub(subgraph, operands)
@@ -127,7 +128,7 @@ class _Run(fx.Interpreter):
         return select(ours, theirs)
 
     def _run_and_save_rng_state(self, op, *args, **kwargs):
-        state = aten._to_copy.default(aten.mul.Scalar(aten.rand.default([_STATE_BYTES]), 256.0), dtype=torch.uint8)
+        state = aten._to_copy.default(aten.mul.Scalar(aten.rand.default([self.state_bytes]), 256.0), dtype=torch.uint8)
         return state, self._run_with_rng_state(state, op, *args, **kwargs)
 
     def _run_with_rng_state(self, state, op, *args, **kwargs):
@@ -173,9 +174,6 @@ class _Run(fx.Interpreter):
         return tuple(results + list(written))
 
 
-_STATE_BYTES = 5056  # torch.get_rng_state()'s size on the CPU; replaced by the graph's own
-
-
 def _single(op, count: int, kwargs) -> fx.GraphModule:
     """A graph of one call of `op` on `count` inputs."""
     graph = fx.Graph()
@@ -194,14 +192,14 @@ def inline(gm: fx.GraphModule) -> fx.GraphModule:
     `gm` itself when it has none."""
     if not has_higher_order_ops(gm):
         return gm
-    global _STATE_BYTES
+    state_bytes = 5056
     for n in gm.graph.nodes:
         if n.op == "call_function" and n.target is torch.ops.higher_order.run_and_save_rng_state:
             for user in n.users:
-                if user.args[1] == 0 and isinstance(user.meta.get("val"), torch.Tensor) \
-                        and isinstance(user.meta["val"].numel(), int):
-                    _STATE_BYTES = user.meta["val"].numel()
+                val = user.meta.get("val")
+                if user.args[1] == 0 and isinstance(val, torch.Tensor) and isinstance(val.numel(), int):
+                    state_bytes = val.numel()
     values = [n.meta["val"] for n in gm.graph.nodes if n.op == "placeholder"]
     fake_mode = detect_fake_mode(values)
     with fake_mode:
-        return make_fx(lambda *a: _Run(gm).run(*a), tracing_mode="real")(*values)
+        return make_fx(lambda *a: _Run(gm, state_bytes=state_bytes).run(*a), tracing_mode="real")(*values)
