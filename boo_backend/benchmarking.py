@@ -24,7 +24,7 @@ import torch
 
 from .cache import cpu_model
 
-HOST_COLUMNS = ["cpu", "cpu_count", "torch_threads", "torch_version", "iree_compiler_version",
+HOST_COLUMNS = ["cpu", "cpu_kind", "cpu_count", "torch_threads", "torch_version", "iree_compiler_version",
                 "iree_runtime_version", "torch_mlir_version",
                 "omp_wait_policy"]
 _DISTRIBUTIONS = {"iree_compiler_version": "iree-base-compiler", "iree_runtime_version": "iree-base-runtime",
@@ -39,8 +39,28 @@ def _version(distribution: str) -> str:
 
 
 @functools.cache
+def cpu_kind() -> str:
+    """Family, model and vector extensions ("family 25 model 17, AVX2"): lscpu's model name
+    is "AMD EPYC" for CPUs of different kinds, and the speed ratios differ between them."""
+    fields: dict[str, str] = {}
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                fields.setdefault(key.strip(), value.strip())
+                if not line.strip():
+                    break
+    except OSError:
+        return "unknown"
+    flags = set(fields.get("flags", "").split())
+    vector = [name for flag, name in (("amx_tile", "AMX"), ("avx512f", "AVX-512"), ("avx2", "AVX2")) if flag in flags]
+    return (f"family {fields.get('cpu family', '?')} model {fields.get('model', '?')}, "
+            f"{'+'.join(vector) or 'no AVX2'}")
+
+
+@functools.cache
 def _static_info() -> dict:
-    info = {"cpu": cpu_model(), "cpu_count": os.cpu_count(), "torch_version": torch.__version__}
+    info = {"cpu": cpu_model(), "cpu_kind": cpu_kind(), "cpu_count": os.cpu_count(), "torch_version": torch.__version__}
     return info | {key: _version(dist) for key, dist in _DISTRIBUTIONS.items()}
 
 
@@ -56,7 +76,7 @@ def host_info() -> dict:
 def host_line(info: dict | None = None) -> str:
     """`host: <cpu>; N CPUs, M torch threads; torch ...; iree-base-compiler ...; ...`"""
     i = info or host_info()
-    return (f"host: {i['cpu']}; {i['cpu_count']} CPUs, {i['torch_threads']} torch threads; "
+    return (f"host: {i['cpu']} ({i['cpu_kind']}); {i['cpu_count']} CPUs, {i['torch_threads']} torch threads; "
             f"torch {i['torch_version']}; iree-base-compiler {i['iree_compiler_version']}; "
             f"iree-base-runtime {i['iree_runtime_version']}; torch-mlir {i['torch_mlir_version']}; "
             f"OMP_WAIT_POLICY {i['omp_wait_policy']}")

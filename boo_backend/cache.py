@@ -12,6 +12,7 @@ so a concurrent reader sees either no file or a whole one.
 from __future__ import annotations
 
 import collections
+import contextlib
 import functools
 import hashlib
 import importlib.metadata
@@ -20,6 +21,7 @@ import logging
 import os
 import platform
 import tempfile
+import time
 from pathlib import Path
 
 log = logging.getLogger("boo_backend")
@@ -29,6 +31,16 @@ _HEADER = len(_MAGIC) + 32
 
 # Process-wide counters; tests read them through boo_backend.stats().
 STATS: collections.Counter = collections.Counter()
+
+
+@contextlib.contextmanager
+def timed(stage: str):
+    """Add the seconds the block takes to STATS[f"{stage}_s"] (boo_backend.stats())."""
+    start = time.perf_counter()
+    try:
+        yield
+    finally:
+        STATS[f"{stage}_s"] += time.perf_counter() - start
 # Process-wide memory cache shared by every CompileCache.
 _MEMORY: dict[str, bytes] = {}
 

@@ -16,7 +16,7 @@ import subprocess
 
 from iree.compiler.tools.binaries import find_tool
 
-from .cache import CompileCache
+from .cache import CompileCache, timed
 from .config import BooError
 
 log = logging.getLogger("boo_backend")
@@ -251,7 +251,8 @@ def _run_compiler(mlir: str, flags: list[str], cache: CompileCache, timeout: flo
         start_new_session=True,
     )
     try:
-        out, err = proc.communicate(mlir.encode(), timeout=timeout or None)
+        with timed("iree_compile"):
+            out, err = proc.communicate(mlir.encode(), timeout=timeout or None)
     except subprocess.TimeoutExpired:
         _kill_group(proc)
         raise BooCompileTimeout(timeout) from None

@@ -21,6 +21,7 @@ Every control has one environment variable and one options key of the same meani
 | BOO_SYNC             | sync                | wait for the device after every IREE call (debug)    |
 | BOO_COMPILE_ONLY     | compile_only        | compile for `target` into the cache, run in eager    |
 | BOO_MODE             | mode                | torch.compile's mode=: default, reduce-overhead, ... |
+| BOO_BLOCKS           | blocks              | "0": no per-layer modules for repeated blocks        |
 
 torch.compile(model, backend="boo", mode=...) passes its mode here (as the options key "mode");
 MODES says what each one means for boo. A setting given explicitly beats the mode's default.
@@ -124,6 +125,9 @@ class Options:
     # torch.compile's mode (see MODES); `autotune` is max-autotune's broader measuring.
     mode: str = "default"
     autotune: bool = False
+    # A graph of repeated blocks (a model's layers) is cut at the blocks, and each distinct
+    # block is lowered and compiled once (boo_backend.blocks); False: one module per graph.
+    blocks: bool = True
 
     @property
     def measure_scale(self) -> int:
@@ -146,6 +150,7 @@ class Options:
         "sync": "BOO_SYNC",
         "compile_only": "BOO_COMPILE_ONLY",
         "mode": "BOO_MODE",
+        "blocks": "BOO_BLOCKS",
     }
 
     @classmethod
@@ -171,7 +176,7 @@ class Options:
             kwargs["strict"] = _parse_bool("strict", raw["strict"])
         if "cache" in raw:
             kwargs["cache"] = _parse_bool("cache", raw["cache"])
-        for key in ("dynamic", "sync", "compile_only"):
+        for key in ("dynamic", "sync", "compile_only", "blocks"):
             if key in raw:
                 kwargs[key] = _parse_bool(key, raw[key])
         if raw.get("aten_matmul", "") != "":

@@ -19,8 +19,8 @@ import warnings
 import torch
 import torch.fx as fx
 
-from . import extern, match, symbolic
-from .cache import CompileCache, write_atomic
+from . import blocks, extern, match, saved, symbolic
+from .cache import CompileCache, timed, write_atomic
 from .compile import (
     BooCompileError, Target, compile_flags, compile_mlir, computes_in_f64, has_dynamic_dims, target_for,
     unconverted_ops,
@@ -220,6 +220,10 @@ class CompiledGraph:
         return sorted(f"{s}:{r}" for s, r in env.var_to_range.items())
 
     def _build(self, args: list, index: int, dynamic: bool = False):
+        with timed("build"):
+            return self._build_timed(args, index, dynamic)
+
+    def _build_timed(self, args: list, index: int, dynamic: bool):
         name = self.name if index == 0 else f"{self.name}_s{index}"
         self._drivers = {}
         ops = [n for n in compute_nodes(self.gm) if not n.target.__name__.startswith("sym_")]
@@ -229,13 +233,16 @@ class CompiledGraph:
         target = self._target(args)
         plan_key = self.cache.key(
             "plan", graph_text(self.gm), *compile_flags(target), self.opts.force_decompose,
-            self.aten_matmul, *(["autotune"] if self.opts.autotune else []), *shapes, host=target.host_specific,
+            self.aten_matmul, *(["autotune"] if self.opts.autotune else []), *(["blocks"] if self.opts.blocks else []),
+            *shapes, host=target.host_specific,
         )
         lowered_key = self.cache.key("lowered", plan_key, host=target.host_specific)
+        split_key = self.cache.key("split", plan_key, host=target.host_specific)
         if self.opts.dump_dir is None:
-            runner = self._from_cache(lowered_key, args, name)
-            if runner is not None:
-                return runner
+            for key in (lowered_key, split_key):
+                runner = self._from_cache(key, args, name)
+                if runner is not None:
+                    return runner
         cached = self.cache.get_json(plan_key)
         plan = Plan.from_json(cached) if cached else Plan()
         dump = self._dump_dir(name)
@@ -276,11 +283,18 @@ class CompiledGraph:
             dynamic=dynamic, compile_only=target.name if self.opts.compile_only else "",
         )
         self._record(placement)
-        if isinstance(runner, IreePart):  # one module, no islands: skip all of this next time
-            extra = {k: v for k, v in dataclasses.asdict(placement).items()
-                     if k not in ("name", "drivers", "compile_only")}
+        # Skip all of this next time: one module, or the parts and the graph that calls them.
+        extra = {k: v for k, v in dataclasses.asdict(placement).items() if k not in ("name", "drivers", "compile_only")}
+        if isinstance(runner, IreePart):
             extra["has_module"] = runner.function is not None
             self.cache.put(lowered_key, runner.lowered.to_bytes(extra))
+        elif runner is not self.gm:
+            try:
+                blob = saved.dump(runner, extra)
+            except Exception as e:  # a part torch.fx cannot pickle: no warm start for this graph
+                log.debug("boo: %s graph %s is not cached: %s", self.kind, name, e)
+            else:
+                self.cache.put(split_key, blob)
         return runner
 
     def _from_cache(self, key: str, args: list, name: str) -> "IreePart | None":
@@ -288,18 +302,26 @@ class CompiledGraph:
         blob = self.cache.get(key)
         if blob is None:
             return None
-        try:
-            lowered, extra = Lowered.from_bytes(blob)
+        target = self._target(args)
+
+        def part(lowered: Lowered, has_module: bool, part: str) -> IreePart:
             function = None
-            if extra.pop("has_module"):
-                target = self._target(args)
+            if has_module:
                 vmfb = compile_mlir(lowered.mlir, target, self.cache, self.opts.compile_timeout)
-                function = self._function(vmfb, lowered, target, name, "module")
+                function = self._function(vmfb, lowered, target, f"{name}/{part}", part)
+            return IreePart(lowered, function)
+
+        try:
+            if key.endswith(".split"):
+                runner, extra = saved.load(blob, lambda i, lowered, has: part(lowered, has, f"part_{i}"))
+            else:
+                lowered, extra = Lowered.from_bytes(blob)
+                runner = part(lowered, extra.pop("has_module"), "module")
             extra["island_ops"] = tuple(extra["island_ops"])
             extra["composite_names"] = tuple(tuple(c) for c in extra.get("composite_names", ()))
             compile_only = self._target(args).name if self.opts.compile_only else ""
             self._record(Placement(name=name, drivers=self._drivers, compile_only=compile_only, **extra))
-            return IreePart(lowered, function)
+            return runner
         except Exception as e:  # a stale or unreadable entry: build from scratch
             log.warning("boo: cached lowering for %s is unusable (%s); rebuilding", name, e)
             return None
@@ -359,6 +381,7 @@ class CompiledGraph:
             )
 
     def _prepare(self, args: list, plan: Plan, dynamic: bool) -> fx.GraphModule:
+        blocks.keep_module_stacks(self.gm)
         """One retrace of the graph: on `args` (concrete sizes) or on its own symbolic inputs
         when `dynamic`, with the pre-lowering rewrites, the composites' canonical forms and
         the plan's FX-level decompositions."""
@@ -389,7 +412,10 @@ class CompiledGraph:
         places = node_places(graph, plan, extern_nodes)
         aten = sum(p == "aten" and n.target is not operator.getitem for n, p in places.items())
         island = sum(p == "eager" and n.target is not operator.getitem for n, p in places.items())
-        if set(places.values()) <= {"iree"}:
+        labels = blocks.group_blocks(graph) if self.opts.blocks else {}
+        if len(set(labels.values()) - {None}) < 2:
+            labels = {}
+        if set(places.values()) <= {"iree"} and not labels:
             try:
                 return self._compile_part(graph, target, dump, "module"), composites, aten, 0
             except Exception as e:
@@ -401,14 +427,25 @@ class CompiledGraph:
                          self.name, bindings.group(1), parts)
                 outer, place_of_part = split_independent(graph, parts)
         else:
-            outer, place_of_part = split_islands(graph, places)
+            outer, place_of_part = split_islands(graph, places, labels)
+        # Parts that compute the same thing (the same layer, repeated) share one module.
+        built: dict[str, IreePart] = {}
         for sub, place in place_of_part.items():
             if place == "iree":
-                setattr(outer, sub, self._compile_part(getattr(outer, sub), target, dump, sub))
+                part = getattr(outer, sub)
+                key = blocks.structure_key(part)
+                if key not in built:
+                    built[key] = self._compile_part(part, target, dump, sub)
+                setattr(outer, sub, built[key])
+        if labels:
+            iree_parts = sum(p == "iree" for p in place_of_part.values())
+            log.info("boo %s: %d repeated blocks; %d IREE parts, %d distinct modules",
+                     self.name, len(set(labels.values()) - {None}), iree_parts, len(built))
         return outer, composites, aten, island
 
     def _compile_part(self, graph: fx.GraphModule, target: Target, dump, part: str) -> IreePart:
-        lowered = lower(graph)
+        with timed("import"):
+            lowered = lower(graph)
         if dump:
             write_atomic(dump / f"{part}.mlir", lowered.mlir)
             flags = compile_flags(target, dynamic=has_dynamic_dims(lowered.mlir), f64=computes_in_f64(lowered.mlir))
@@ -451,9 +488,10 @@ class CompiledGraph:
                     drivers[part] = chosen
                     self.cache.put_json(key, {"driver": chosen})
                 remember = store
-        function = IreeFunction(vmfb, target, graph=name, writes=frozenset(lowered.writes),
-                                driver=driver, remember=remember, sync=self.opts.sync,
-                                measure_scale=self.opts.measure_scale)
+        with timed("load"):
+            function = IreeFunction(vmfb, target, graph=name, writes=frozenset(lowered.writes),
+                                    driver=driver, remember=remember, sync=self.opts.sync,
+                                    measure_scale=self.opts.measure_scale)
         if function.driver:
             drivers[part] = function.driver
         return function

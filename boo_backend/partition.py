@@ -19,6 +19,7 @@ import operator
 
 import torch
 import torch.fx as fx
+import torch.fx.traceback as fx_traceback
 from torch._decomp import get_decompositions
 from torch._guards import detect_fake_mode
 from torch.fx.experimental.proxy_tensor import make_fx
@@ -74,8 +75,8 @@ def retrace_symbolic(gm: fx.GraphModule, decompositions: dict | None = None) -> 
     symbolic, and ops in `decompositions` are replaced by their decompositions."""
     values = [n.meta["val"] for n in gm.graph.nodes if n.op == "placeholder"]
     fake_mode = detect_fake_mode(values)
-    with fake_mode:
-        return make_fx(gm, decomposition_table=decompositions or {}, tracing_mode="real")(*values)
+    with fake_mode, fx_traceback.preserve_node_meta():
+        return make_fx(_interpreted(gm), decomposition_table=decompositions or {}, tracing_mode="real")(*values)
 
 
 def fold_known_sizes(gm: fx.GraphModule, shape_env) -> fx.GraphModule:
@@ -104,13 +105,22 @@ def fold_known_sizes(gm: fx.GraphModule, shape_env) -> fx.GraphModule:
 def retrace(gm: fx.GraphModule, args: list, decompositions: dict | None = None) -> fx.GraphModule:
     """Trace `gm` again on fake copies of concrete `args`: sizes become constants, every node
     gets fresh metadata, and ops in `decompositions` are replaced by their decompositions."""
-    traced = make_fx(
-        gm,
-        decomposition_table=decompositions or {},
-        tracing_mode="fake",
-        _allow_non_fake_inputs=True,
-    )(*args)
-    return traced
+    with fx_traceback.preserve_node_meta():
+        return make_fx(
+            _interpreted(gm),
+            decomposition_table=decompositions or {},
+            tracing_mode="fake",
+            _allow_non_fake_inputs=True,
+        )(*args)
+
+
+def _interpreted(gm: fx.GraphModule):
+    """`gm` run node by node, so that under `preserve_node_meta` the nodes traced from a
+    node keep its module stack (blocks.block_labels reads it)."""
+    def run(*args):
+        return fx.Interpreter(gm).run(*args)
+
+    return run
 
 
 def _is_empty(val) -> bool:
@@ -357,9 +367,12 @@ def _views_follow_users(gm: fx.GraphModule, places: dict[fx.Node, str]) -> None:
             places[node] = "eager" if outside == {"eager"} else "aten"
 
 
-def split_islands(gm: fx.GraphModule, places: dict[fx.Node, str]) -> tuple[fx.GraphModule, dict[str, str]]:
-    """Cut `gm` into consecutive runs of same-place nodes. Returns the outer graph, whose
-    submodules `submod_N` are the runs, and each submodule's place."""
+def split_islands(gm: fx.GraphModule, places: dict[fx.Node, str],
+                  labels: dict | None = None) -> tuple[fx.GraphModule, dict[str, str]]:
+    """Cut `gm` into consecutive runs of same-place nodes, and also where a node's label (its
+    repeated block, blocks.block_labels) changes. Returns the outer graph, whose submodules
+    `submod_N` are the runs, and each submodule's place."""
+    labels = labels or {}
     index: dict[fx.Node, int] = {}
     part, previous = -1, None
     for node in gm.graph.nodes:
@@ -368,8 +381,8 @@ def split_islands(gm: fx.GraphModule, places: dict[fx.Node, str]) -> tuple[fx.Gr
         if node.target is operator.getitem and node.args[0] in index:
             index[node] = index[node.args[0]]
             continue
-        if places[node] != previous:
-            part, previous = part + 1, places[node]
+        if (places[node], labels.get(node)) != previous:
+            part, previous = part + 1, (places[node], labels.get(node))
         index[node] = part
     place_of_part = {f"submod_{index[n]}": places[n] for n in index}
     outer = split_module(gm, None, lambda n: index[n], keep_original_order=True)

@@ -17,6 +17,7 @@ import iree.runtime as rt
 import torch
 
 from . import gpu
+from .cache import timed
 from .compile import Target
 from .config import BooError
 
@@ -214,7 +215,8 @@ class IreeFunction:
         start = time.perf_counter()
         results = self._checked_call(tensors, passed, spans, num_results)
         if self.driver is None:
-            self._choose(time.perf_counter() - start, passed, num_results)
+            with timed("driver_choice"):
+                self._choose(time.perf_counter() - start, passed, num_results)
         return results
 
     def _checked_call(self, tensors, passed, spans, num_results):

@@ -140,3 +140,76 @@ def test_warm_start_skips_tracing_and_import(tmp_path, monkeypatch):
     assert_close(_step(x), (x.exp() * 3).sum(dim=1), "warm start")
     assert [p.line().split(":", 1)[1] for p in boo_backend.placements()] == first
     assert boo_backend.stats().get("iree_compiles", 0) == 0
+
+
+class _Layers(torch.nn.Module):
+    """Three identical blocks: boo cuts the graph at them (a split graph, not one module)."""
+
+    def __init__(self, width=24):
+        super().__init__()
+        self.layers = torch.nn.ModuleList(
+            torch.nn.Sequential(torch.nn.LayerNorm(width), torch.nn.Linear(width, width), torch.nn.GELU())
+            for _ in range(3))
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = x + layer(x)
+        return x
+
+
+def _split_step(model, x, **options):
+    out = torch.compile(model, backend="boo", options=options or None)(x)
+    out.sum().backward()
+    return out
+
+
+def test_split_graph_warm_start_and_misses(tmp_path, monkeypatch):
+    """A graph cut into parts (a model's blocks; matmuls left to ATen between IREE parts)
+    warm-starts from the cache: no retrace, no torch-mlir import, no compile, the same
+    placement and results. A changed model, dtype, flag or boo version is a miss."""
+    import boo_backend.cache as cache_mod
+    import boo_backend.graph as graph_mod
+
+    monkeypatch.setenv("BOO_CACHE_DIR", str(tmp_path))
+    real_lower, real_retrace = graph_mod.lower, graph_mod.retrace
+    calls = {"lower": 0, "retrace": 0}
+
+    def counted(name, fn):
+        def wrapper(*args, **kwargs):
+            calls[name] += 1
+            return fn(*args, **kwargs)
+        return wrapper
+
+    monkeypatch.setattr(graph_mod, "lower", counted("lower", real_lower))
+    monkeypatch.setattr(graph_mod, "retrace", counted("retrace", real_retrace))
+
+    def run(model, x, **options):
+        boo_backend.reset()
+        torch._dynamo.reset()
+        calls.update(lower=0, retrace=0)
+        out = _split_step(model, x.clone().requires_grad_(), **options)
+        return out, [p.line().split(":", 1)[1] for p in boo_backend.placements()], dict(calls)
+
+    torch.manual_seed(0)
+    model = _Layers()
+    x = torch.randn(7, 24)
+    for options in ({}, {"aten_matmul": "always"}):
+        before = set(tmp_path.rglob("*.split*"))
+        first, placed, cold = run(model, x, **options)
+        assert cold["lower"] > 0 and cold["retrace"] > 0
+        assert set(tmp_path.rglob("*.split*")) - before, f"{options}: no split graph was cached"
+        warm, placed_warm, hot = run(model, x, **options)
+        assert hot == {"lower": 0, "retrace": 0}, (options, hot)
+        assert boo_backend.stats().get("iree_compiles", 0) == 0
+        assert placed_warm == placed
+        assert_close(warm, first, "warm start")
+
+    misses = {
+        "model": lambda: run(_Layers(width=32), torch.randn(7, 32)),
+        "dtype": lambda: run(_Layers().to(torch.bfloat16), x.to(torch.bfloat16)),
+        "flag": lambda: run(model, x, force_decompose="gelu"),
+    }
+    for what, fn in misses.items():
+        assert fn()[2]["lower"] > 0, f"a changed {what} used a stale entry"
+    monkeypatch.setattr(cache_mod, "tool_versions", lambda: "boo-backend=0.0.0-other")
+    assert run(model, x)[2]["lower"] > 0, "a changed boo version used a stale entry"

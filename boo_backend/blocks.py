@@ -1,0 +1,141 @@
+"""Repeated blocks: the layers of a model, found in a graph so that each distinct one is
+lowered and compiled once.
+
+Dynamo records, for every node, the stack of modules it was traced in (`nn_module_stack`;
+AOTAutograd's backward nodes carry their forward node's as `fwd_nn_module_stack`). A model's
+layers sit in a `ModuleList` or `Sequential`: paths `...h.0`, `...h.1`, ... of one class.
+`block_labels` names each node's layer; a graph cut at those labels gives parts that are
+often the same graph, and `structure_key` says when two parts are (same ops, arguments,
+sizes, strides, dtypes, composites and constants), so one module serves them all.
+
+A leaf: imports only embed (for the composite meta key).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+
+import torch
+import torch.fx as fx
+
+from .embed import META_KEY
+
+_INDEXED = re.compile(r"^(.*?)(?:\.(\d+)|\[(\d+)\])$")
+
+
+def module_stack(node: fx.Node) -> list[tuple[str, str]]:
+    """(path, class name) of the modules `node` was traced in, outermost first."""
+    stack = node.meta.get("nn_module_stack") or node.meta.get("fwd_nn_module_stack") or {}
+    out = []
+    for value in stack.values():
+        path, cls = value[0], value[1]
+        out.append((str(path), getattr(cls, "__qualname__", str(cls))))
+    return out
+
+
+def keep_module_stacks(gm: fx.GraphModule) -> None:
+    """Give backward nodes their forward node's module stack under the key a retrace keeps
+    (torch.fx copies `nn_module_stack` to the nodes traced from a node, not the fwd_ form)."""
+    for node in gm.graph.nodes:
+        if "nn_module_stack" not in node.meta and node.meta.get("fwd_nn_module_stack"):
+            node.meta["nn_module_stack"] = node.meta["fwd_nn_module_stack"]
+
+
+def group_blocks(gm: fx.GraphModule) -> dict[fx.Node, str | None]:
+    """`block_labels`, after moving the pieces of a block that the graph computes late (the
+    transposed weights a forward returns for its backward, after every layer) up to the end
+    of that block's first run, where their inputs allow: each block then is one part."""
+    labels = block_labels(gm)
+    if len(set(labels.values()) - {None}) < 2:
+        return labels
+    order = {n: float(i) for i, n in enumerate(gm.graph.nodes)}
+    anchor: dict[str, fx.Node] = {}  # the last node of each label's first run
+    closed: set[str] = set()
+    previous = None
+    moved = False
+    for node in list(gm.graph.nodes):
+        label = labels.get(node)
+        if node.op != "call_function":
+            continue
+        if label != previous and previous is not None:
+            closed.add(previous)
+        previous = label
+        if label is None:
+            continue
+        if label not in closed:
+            anchor[label] = node
+            continue
+        at = anchor[label]
+        if all(order[a] <= order[at] for a in node.all_input_nodes):
+            at.append(node)
+            order[node] = order[at] + 1e-9
+            anchor[label] = node
+            moved = True
+    return block_labels(gm) if moved else labels
+
+
+def block_labels(gm: fx.GraphModule) -> dict[fx.Node, str | None]:
+    """Each call node's repeated block ("<list path>[<index>]"), or None outside them.
+
+    A block is an indexed child (`layers.3`) of a container with at least two indexed
+    children of the same class among the graph's nodes; the outermost such level counts.
+    Nodes with no module stack (views and getitems AOTAutograd adds) belong to the block of
+    the node before them, so that they add no cut."""
+    found: dict[fx.Node, tuple[str, str, str]] = {}
+    indices: dict[tuple[str, str], set[str]] = {}
+    for node in gm.graph.nodes:
+        if node.op != "call_function":
+            continue
+        for path, cls in module_stack(node):
+            m = _INDEXED.match(path)
+            if m:
+                found[node] = (m.group(1), cls, m.group(2) or m.group(3))
+                indices.setdefault((m.group(1), cls), set()).add(m.group(2) or m.group(3))
+                break
+    repeated = {k for k, v in indices.items() if len(v) >= 2}
+    labels: dict[fx.Node, str | None] = {}
+    previous = None
+    for node in gm.graph.nodes:
+        if node.op != "call_function":
+            continue
+        hit = found.get(node)
+        if hit is not None and (hit[0], hit[1]) in repeated:
+            previous = f"{hit[0]}[{hit[2]}]"
+        elif hit is not None or module_stack(node):
+            previous = None  # inside the model but outside its repeated blocks
+        labels[node] = previous
+    return labels
+
+
+def _value_text(val) -> str:
+    if isinstance(val, torch.Tensor):
+        return f"{val.dtype}{tuple(val.shape)}{val.stride()}@{val.storage_offset()}"
+    if isinstance(val, (tuple, list)):
+        return "(" + ",".join(_value_text(v) for v in val) + ")"
+    return repr(val)
+
+
+def structure_key(gm: fx.GraphModule) -> str:
+    """A digest that two graphs share when they compute the same thing in the same way: the
+    same ops in the same order on the same sizes, strides and dtypes, with the same
+    composites and constants. Node names do not count."""
+    names: dict[fx.Node, str] = {}
+    h = hashlib.sha256()
+    for i, node in enumerate(gm.graph.nodes):
+        names[node] = f"%{i}"
+        args = fx.node.map_arg((node.args, node.kwargs), lambda a: names[a])
+        target = "" if node.op == "placeholder" else node.target
+        if node.op == "get_attr":
+            value = getattr(gm, node.target)
+            if isinstance(value, torch.Tensor):
+                data = value.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+                target = f"tensor:{_value_text(value)}:{hashlib.sha256(data).hexdigest()}"
+            else:
+                return f"unique:{id(gm)}"  # a submodule or other object: never shared
+        elif node.op == "call_module":
+            return f"unique:{id(gm)}"
+        call = node.meta.get(META_KEY)
+        composite = f"{call.entry.name}:{call.entry.version}:{call.params!r}" if call else ""
+        h.update(f"{node.op}|{target}|{args!r}|{_value_text(node.meta.get('val'))}|{composite}\n".encode())
+    return h.hexdigest()

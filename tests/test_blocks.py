@@ -1,0 +1,143 @@
+"""Repeated blocks (boo_backend.blocks): a model's layers are cut into parts, and parts that
+compute the same thing share one module. Results stay eager's; a deeper model compiles no
+more modules than a shallower one; blocks that differ in anything that matters are not
+shared."""
+
+from __future__ import annotations
+
+import copy
+import logging
+
+import pytest
+import torch
+import torch.nn as nn
+
+import boo_backend
+from boo_backend import blocks
+
+from util import assert_close
+
+
+def _gpt2(layers: int):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    config = GPT2Config(n_layer=layers, n_embd=64, n_head=4, vocab_size=97, n_positions=64,
+                        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+    return GPT2LMHeadModel(config)
+
+
+def _train_step(model, tokens, **compile_kwargs):
+    """Loss and gradients of one step with boo, and of the same step in eager."""
+    ref = copy.deepcopy(model)
+    compiled = torch.compile(model, backend="boo", **compile_kwargs)
+    loss = compiled(tokens, labels=tokens).loss
+    loss.backward()
+    ref_loss = ref(tokens, labels=tokens).loss
+    ref_loss.backward()
+    assert_close(loss, ref_loss, rtol=1e-5, atol=1e-5)
+    for (name, p), q in zip(model.named_parameters(), ref.parameters()):
+        assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5, what=name)
+
+
+def _compiles(layers: int, caplog, cache_dir, **options) -> tuple[int, list[str]]:
+    """iree-compile runs for one training step from an empty cache, and the blocks lines."""
+    options["cache_dir"] = str(cache_dir)
+    boo_backend.reset()
+    torch._dynamo.reset()
+    tokens = torch.randint(0, 97, (2, 19), generator=torch.Generator().manual_seed(2))
+    with caplog.at_level(logging.INFO, logger="boo_backend"):
+        caplog.clear()
+        _train_step(_gpt2(layers), tokens, options=options)
+    lines = [r.getMessage() for r in caplog.records if "repeated blocks" in r.getMessage()]
+    return boo_backend.stats().get("iree_compiles", 0), lines
+
+
+def test_deeper_model_compiles_no_more_modules(caplog, tmp_path):
+    """GPT-2 with 2 and with 5 layers: the same number of iree-compile runs, every op in IREE
+    (strict), and each graph says how many distinct modules its blocks needed."""
+    two, lines_two = _compiles(2, caplog, tmp_path / "two")
+    five, lines_five = _compiles(5, caplog, tmp_path / "five")
+    assert five == two, (two, five)
+    assert any("5 repeated blocks" in line for line in lines_five), lines_five
+    assert all("distinct modules" in line for line in lines_five)
+    # One module per graph without the cut: more compiles for the deeper model.
+    off, lines_off = _compiles(5, caplog, tmp_path / "off", blocks=False)
+    assert not lines_off
+    assert 0 < off < two  # one module per graph
+
+
+class _Block(nn.Module):
+    def __init__(self, width: int, scale: float):
+        super().__init__()
+        self.norm = nn.LayerNorm(width)
+        self.fc = nn.Linear(width, width)
+        self.scale = scale
+
+    def forward(self, x):
+        return x + self.scale * torch.nn.functional.gelu(self.fc(self.norm(x)))
+
+
+class _Stack(nn.Module):
+    """Blocks of one class that differ: a scale written as a Python float (a constant in the
+    graph), and, at the end, two blocks of another width."""
+
+    def __init__(self):
+        super().__init__()
+        self.layers = nn.ModuleList([_Block(48, 1.0), _Block(48, 1.0), _Block(48, 0.5), _Block(48, 1.0)])
+        self.proj = nn.Linear(48, 72)
+        self.wide = nn.ModuleList([_Block(72, 1.0), _Block(72, 1.0)])
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = layer(x)
+        x = self.proj(x)
+        for layer in self.wide:
+            x = layer(x)
+        return x.sum(-1)
+
+
+def _run(model, x, grad):
+    x = x.detach().clone().requires_grad_()
+    out = model(x)
+    out.backward(grad)
+    return [out.detach(), x.grad, *(p.grad for p in model.parameters())]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_blocks_that_differ_are_not_shared(dtype, caplog):
+    """Blocks that differ in a constant or a width get their own modules, and every result is
+    as close to a float64 reference as eager's (within 3x eager's own error)."""
+    torch.manual_seed(0)
+    model = _Stack().to(dtype)
+    x = torch.randn(5, 67, 48, dtype=dtype)
+    grad = torch.randn(5, 67, dtype=dtype)
+    exact = _run(copy.deepcopy(model).double(), x.double(), grad.double())
+    eager = _run(copy.deepcopy(model), x, grad)
+    boo_backend.reset()
+    with caplog.at_level(logging.INFO, logger="boo_backend"):
+        ours = _run(torch.compile(model, backend="boo"), x, grad)
+    for i, (a, e, r) in enumerate(zip(ours, eager, exact)):
+        ours_err = (a.double() - r).abs().max().item()
+        eager_err = (e.double() - r).abs().max().item()
+        assert ours_err <= 3 * eager_err + 1e-6 * r.abs().max().item(), (i, ours_err, eager_err)
+    lines = [r.getMessage() for r in caplog.records if "repeated blocks" in r.getMessage()]
+    assert any("4 repeated blocks" in line or "6 repeated blocks" in line for line in lines), lines
+
+
+def _with_constant(value: float):
+    gm = torch.fx.symbolic_trace(lambda x: x * torch.tensor([value, 2.0]))
+    for node in gm.graph.nodes:
+        if node.op == "placeholder":
+            node.meta["val"] = torch.empty(2)
+    return gm
+
+
+def test_structure_key_sees_constants_not_names():
+    a, b, c = _with_constant(1.0), _with_constant(1.0), _with_constant(3.0)
+    # Rename b's nodes: names do not count.
+    for node in b.graph.nodes:
+        if node.op != "output":
+            node.name = node.name + "_renamed"
+    assert blocks.structure_key(a) == blocks.structure_key(b)
+    assert blocks.structure_key(a) != blocks.structure_key(c)
