@@ -1,6 +1,6 @@
-"""Matmuls and convolutions placed by measurement (BOO_ATEN_MATMUL=auto).
+"""Matmuls, convolutions and attention placed by measurement (BOO_ATEN_MATMUL=auto).
 
-Imports partition, lower, compile, runtime, cache and config from boo_backend.
+Imports match, partition, lower, compile, runtime, cache and config from boo_backend.
 
 Each `mm`/`addmm`/`bmm`/`convolution`/`convolution_backward` of a graph, by its shapes,
 strides and dtypes, is timed once on this host as ATen's kernel and as IREE's code for that
@@ -23,12 +23,12 @@ import torch
 import torch.fx as fx
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from . import symbolic
+from . import match, symbolic
 from .cache import CompileCache
 from .compile import Target, compile_mlir
 from .config import BooError, Options
 from .lower import lower
-from .partition import ATEN_MATMUL
+from .partition import ATEN_MATMUL, ATEN_MEASURED
 from .runtime import IreeFunction
 
 log = logging.getLogger("boo_backend")
@@ -39,12 +39,16 @@ aten = torch.ops.aten
 # (50-200 GFLOP/s on two cores) it takes tens of microseconds, about what a split costs.
 MIN_FLOPS = 1 << 23
 # A node goes to ATen only when ATen takes at most this share of IREE's time ...
-_MARGIN = 0.85
+_MARGIN = 0.95
 # ... and saves more than this many IREE calls' fixed cost (a split adds up to two calls).
 _CALLS_PER_SPLIT = 2
 # Timing: repeat until this many seconds or calls, keep the minimum.
 _BUDGET_S = 0.2
 _MAX_CALLS = 20
+# A call at least this long is timed once after its warm-up (not three times): at this
+# length one call's noise is a few percent, and a vocabulary projection's matmul takes a
+# second here, so three calls of each kind made placing it cost more than compiling.
+_LONG_S = 0.05
 
 
 def flops(node: fx.Node) -> float:
@@ -62,6 +66,12 @@ def flops(node: fx.Node) -> float:
         if node.target is aten.convolution_backward.default:
             grad, weight = vals[0], vals[2]
             return 4.0 * grad.numel() * (weight.numel() // weight.shape[0])
+        if node.target is aten._scaled_dot_product_flash_attention_for_cpu.default:
+            q, k, v = vals[:3]  # [B, H, L, E], [B, H, S, E], [B, H, S, Ev]
+            return 2.0 * q.numel() // q.shape[-1] * k.shape[-2] * (q.shape[-1] + v.shape[-1])
+        if node.target is aten._scaled_dot_product_flash_attention_for_cpu_backward.default:
+            q, k, v = vals[1:4]  # recomputes the scores, then four products
+            return 2.0 * q.numel() // q.shape[-1] * k.shape[-2] * (3 * q.shape[-1] + 2 * v.shape[-1])
     except (AttributeError, IndexError, TypeError):
         return 0.0
     return 0.0
@@ -106,10 +116,12 @@ def _sync(device: torch.device) -> None:
 
 def _min_time(fn, device: torch.device, scale: int = 1) -> float:
     """The fastest of repeated calls of `fn`; `scale` (max-autotune) measures that many times longer."""
+    start = time.perf_counter()
     fn()  # warm-up
     _sync(device)
+    least = 1 if time.perf_counter() - start > _LONG_S * scale else 3
     best, spent, calls = math.inf, 0.0, 0
-    while calls < _MAX_CALLS * scale and (spent < _BUDGET_S * scale or calls < 3):
+    while calls < _MAX_CALLS * scale and (spent < _BUDGET_S * scale or calls < least):
         start = time.perf_counter()
         fn()
         _sync(device)
@@ -153,6 +165,7 @@ class Timings:
         args, kwargs = fx.node.map_arg((node.args, node.kwargs), table.__getitem__)
         aten_s = _min_time(lambda: node.target(*args, **kwargs), device, scale)
         graph = _one_op_graph(node, iree_args)
+        match.apply(graph, self.opts, self.target.kind)  # IREE's side of attention is its composite
         lowered = lower(graph)
         vmfb = compile_mlir(lowered.mlir, self.target, self.cache, self.opts.compile_timeout)
         function = IreeFunction(vmfb, self.target, graph=f"timing {node.target}")
@@ -190,11 +203,11 @@ def choose(graph: fx.GraphModule, mode: str, target: Target, cache: CompileCache
            opts: Options) -> set[fx.Node]:
     """The matmul/convolution nodes of `graph` that run as ATen kernels under `mode`
     ("always", "never" or "auto")."""
-    candidates = [n for n in graph.graph.nodes if n.op == "call_function" and n.target in ATEN_MATMUL]
+    candidates = [n for n in graph.graph.nodes if n.op == "call_function" and n.target in ATEN_MEASURED]
     if mode == "never" or not candidates:
         return set()
     if mode == "always":
-        return set(candidates)
+        return {n for n in candidates if n.target in ATEN_MATMUL}
     if mode != "auto":
         raise BooError(f"aten_matmul={mode!r}")
     timings = Timings(cache, target, opts)

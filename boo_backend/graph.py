@@ -319,12 +319,13 @@ class CompiledGraph:
                 runner = part(lowered, extra.pop("has_module"), "module")
             extra["island_ops"] = tuple(extra["island_ops"])
             extra["composite_names"] = tuple(tuple(c) for c in extra.get("composite_names", ()))
-            compile_only = self._target(args).name if self.opts.compile_only else ""
-            self._record(Placement(name=name, drivers=self._drivers, compile_only=compile_only, **extra))
-            return runner
         except Exception as e:  # a stale or unreadable entry: build from scratch
             log.warning("boo: cached lowering for %s is unusable (%s); rebuilding", name, e)
             return None
+        self._report_islands(Plan(island=set(extra["island_ops"])), name)  # strict mode refuses them warm too
+        compile_only = self._target(args).name if self.opts.compile_only else ""
+        self._record(Placement(name=name, drivers=self._drivers, compile_only=compile_only, **extra))
+        return runner
 
     def _record(self, placement: Placement) -> None:
         PLACEMENTS.append(placement)
@@ -409,6 +410,10 @@ class CompiledGraph:
         if dump:
             write_atomic(dump / "graph.txt", _describe(graph))
         extern_nodes = extern.choose(graph, self.aten_matmul, target, self.cache, self.opts)
+        for node in extern_nodes:  # a composite op left to ATen's kernel is not a composite
+            call = node.meta.pop(match.META_KEY, None)
+            if call is not None:
+                composites.remove(call.entry.name)
         places = node_places(graph, plan, extern_nodes)
         aten = sum(p == "aten" and n.target is not operator.getitem for n, p in places.items())
         island = sum(p == "eager" and n.target is not operator.getitem for n, p in places.items())

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import torch
 import torch.fx as fx
+import torch.fx.traceback as fx_traceback
 from torch._guards import detect_fake_mode
 from torch.fx.experimental.proxy_tensor import make_fx
 
@@ -92,9 +93,13 @@ class _Run(fx.Interpreter):
     """Runs a graph (under make_fx), higher-order ops by the rewrites; with `seed`, random
     ops draw from it (SEEDED)."""
 
-    def __init__(self, gm: fx.GraphModule, seed=None, state_bytes: int = 5056):
+    def __init__(self, gm: fx.GraphModule, seed=None, state_bytes: int = 5056, region: str | None = None):
         super().__init__(gm)
         self.seed = seed
+        # The module stack the nodes traced here get (one per invoke_subgraph call), so that
+        # blocks.block_labels sees each call of a nested_compile_region as a block of its own.
+        self.region = region
+        self.regions = 0
         # the size of the "rng state" the graph saves (torch.get_rng_state()'s on the CPU)
         self.state_bytes = state_bytes
 
@@ -114,11 +119,25 @@ class _Run(fx.Interpreter):
             return SEEDED[target](self.seed, *args, **kwargs)
         return super().call_function(target, args, kwargs)
 
-    def _sub(self, graph, args, seed=None):
-        return _Run(graph, seed, self.state_bytes).run(*args)
+    def _sub(self, graph, args, seed=None, region=None):
+        return _Run(graph, seed, self.state_bytes, region or self.region).run(*args)
+
+    def run_node(self, n):
+        if self.region is None:
+            return super().run_node(n)
+        stack = n.meta.get("nn_module_stack")
+        n.meta["nn_module_stack"] = {"region": (self.region, "nested_compile_region")}
+        try:
+            return super().run_node(n)
+        finally:
+            if stack is None:
+                del n.meta["nn_module_stack"]
+            else:
+                n.meta["nn_module_stack"] = stack
 
     def _invoke_subgraph(self, subgraph, identifier, *operands):
-        return self._sub(subgraph, operands)
+        self.regions += 1
+        return self._sub(subgraph, operands, region=self.region or f"nested_compile_region.{identifier}.{self.regions}")
 
     def _cond(self, pred, true_fn, false_fn, operands):
         ours, theirs = self._sub(true_fn, operands), self._sub(false_fn, operands)
@@ -201,5 +220,5 @@ def inline(gm: fx.GraphModule) -> fx.GraphModule:
                     state_bytes = val.numel()
     values = [n.meta["val"] for n in gm.graph.nodes if n.op == "placeholder"]
     fake_mode = detect_fake_mode(values)
-    with fake_mode:
+    with fake_mode, fx_traceback.preserve_node_meta():  # module stacks, for blocks.block_labels
         return make_fx(lambda *a: _Run(gm, state_bytes=state_bytes).run(*a), tracing_mode="real")(*values)

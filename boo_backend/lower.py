@@ -176,8 +176,17 @@ def build_core(gm: fx.GraphModule) -> tuple[fx.GraphModule, list, list, list, bo
     graph.output(tuple(results))
     core = fx.GraphModule(torch.nn.Module(), graph)
     core.graph.eliminate_dead_code()
+    # An input only views of which leave (returned as views, on the Python side) is not
+    # passed: passing it would copy it when it is not dense (a transposed weight: 150 MB).
+    kept = []
+    for node, source in zip([n for n in core.graph.nodes if n.op == "placeholder"], inputs):
+        val = node.meta.get("val")
+        if not node.users and isinstance(val, torch.Tensor) and not symbolic.tensor_is_symbolic(val):
+            core.graph.erase_node(node)
+        else:
+            kept.append(source)
     core.recompile()
-    return core, inputs, outputs, result_layouts, tuple_output
+    return core, kept, outputs, result_layouts, tuple_output
 
 
 def output_texts(outputs: list) -> list[str]:

@@ -336,6 +336,12 @@ ATEN_MATMUL = frozenset({
     torch.ops.aten.mm.default, torch.ops.aten.addmm.default, torch.ops.aten.bmm.default,
     torch.ops.aten.convolution.default, torch.ops.aten.convolution_backward.default,
 })
+# ... and ops that only BOO_ATEN_MATMUL=auto weighs (never "always"): the CPU's attention
+# kernels, whose composite was measured 3-4x slower than ATen's on an AVX2 CPU.
+ATEN_MEASURED = ATEN_MATMUL | frozenset({
+    torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default,
+    torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward.default,
+})
 
 
 def node_places(gm: fx.GraphModule, plan: Plan, extern: set[fx.Node] | frozenset = frozenset()) -> dict[fx.Node, str]:

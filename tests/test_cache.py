@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 import torch
 
 import boo_backend
@@ -213,3 +214,27 @@ def test_split_graph_warm_start_and_misses(tmp_path, monkeypatch):
         assert fn()[2]["lower"] > 0, f"a changed {what} used a stale entry"
     monkeypatch.setattr(cache_mod, "tool_versions", lambda: "boo-backend=0.0.0-other")
     assert run(model, x)[2]["lower"] > 0, "a changed boo version used a stale entry"
+
+
+def test_warm_start_of_a_graph_with_an_island_is_refused_in_strict_mode(tmp_path, monkeypatch):
+    """A cached split graph with an eager island warns again when loaded, and strict mode
+    refuses it, as it refuses the cold build."""
+    import warnings
+
+    monkeypatch.setenv("BOO_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("BOO_STRICT", "0")
+    x = torch.randn(3, 7)
+    fn = lambda t: torch.cummax(t, dim=1)[0] * 2  # noqa: E731
+    with warnings.catch_warnings(record=True):
+        warnings.simplefilter("always")
+        torch.compile(fn, backend="boo")(x)
+    assert list(tmp_path.rglob("*.split*"))
+    torch._dynamo.reset()
+    boo_backend.reset()
+    with pytest.warns(boo_backend.BooFallbackWarning, match="cummax"):
+        assert_close(torch.compile(fn, backend="boo")(x), fn(x), "warm island")
+    torch._dynamo.reset()
+    boo_backend.reset()
+    monkeypatch.setenv("BOO_STRICT", "1")
+    with pytest.raises(boo_backend.BooStrictError, match="cummax"):
+        torch.compile(fn, backend="boo")(x)
