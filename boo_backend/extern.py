@@ -25,7 +25,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 from . import match, symbolic
 from .cache import CompileCache
-from .compile import Target, compile_mlir
+from .compile import Target, compile_mlir, precompile
 from .config import BooError, Options
 from .lower import lower
 from .partition import ATEN_MATMUL, ATEN_MEASURED
@@ -149,10 +149,38 @@ class Timings:
         self.target = target
         self.opts = opts
         self._floor: float | None = None
+        self._modules: dict[fx.Node, tuple] = {}
+
+    def _key(self, node: fx.Node) -> str:
+        scale = self.opts.measure_scale
+        return self.cache.key("extern", _signature(node), self.target.name, *(["x%d" % scale] if scale > 1 else []))
+
+    def _module(self, node: fx.Node):
+        """IREE's one-op module for `node` and its arguments (made once per node)."""
+        if node not in self._modules:
+            inputs = [a.meta["val"] for a in _tensor_args(node)]
+            iree_args = [_random_like(v, contiguous=True) for v in inputs]
+            graph = _one_op_graph(node, iree_args)
+            match.apply(graph, self.opts, self.target.kind)  # IREE's side of attention is its composite
+            self._modules[node] = (lower(graph), iree_args)
+        return self._modules[node]
+
+    def prepare(self, nodes: list[fx.Node]) -> None:
+        """Compile the one-op modules of the nodes not timed yet, side by side."""
+        mlirs, seen = [], set()
+        for node in nodes:
+            key = self._key(node)
+            if key not in seen and self.cache.get_json(key) is None:
+                seen.add(key)
+                try:
+                    mlirs.append(self._module(node)[0].mlir)
+                except Exception as e:  # of() meets it again and says so
+                    log.debug("boo: no one-op module for %s (%s)", node.target, e)
+        precompile(mlirs, self.target, self.cache, self.opts.compile_timeout)
 
     def of(self, node: fx.Node) -> dict:
         scale = self.opts.measure_scale
-        key = self.cache.key("extern", _signature(node), self.target.name, *(["x%d" % scale] if scale > 1 else []))
+        key = self._key(node)
         known = self.cache.get_json(key)
         if known is not None:
             return known
@@ -160,13 +188,10 @@ class Timings:
         inputs = [a.meta["val"] for a in nodes]
         device = inputs[0].device
         aten_args = [_random_like(v, contiguous=False) for v in inputs]
-        iree_args = [_random_like(v, contiguous=True) for v in inputs]
         table = dict(zip(nodes, aten_args))
         args, kwargs = fx.node.map_arg((node.args, node.kwargs), table.__getitem__)
         aten_s = _min_time(lambda: node.target(*args, **kwargs), device, scale)
-        graph = _one_op_graph(node, iree_args)
-        match.apply(graph, self.opts, self.target.kind)  # IREE's side of attention is its composite
-        lowered = lower(graph)
+        lowered, iree_args = self._module(node)
         vmfb = compile_mlir(lowered.mlir, self.target, self.cache, self.opts.compile_timeout)
         function = IreeFunction(vmfb, self.target, graph=f"timing {node.target}")
         tensors = [iree_args[v] if k == "arg" else v for k, v in lowered.inputs]
@@ -199,6 +224,17 @@ class Timings:
         return self._floor
 
 
+def _weighed(node: fx.Node, opts: Options) -> bool:
+    """Whether `node` is timed: tensors of static sizes, and enough work (max-autotune
+    times every one)."""
+    vals = [a.meta.get("val") for a in _tensor_args(node)]
+    if not all(isinstance(v, torch.Tensor) for v in vals):
+        return False
+    if any(symbolic.tensor_is_symbolic(v) for v in vals):  # one module for all sizes: nothing to time
+        return False
+    return flops(node) >= MIN_FLOPS or opts.autotune
+
+
 def choose(graph: fx.GraphModule, mode: str, target: Target, cache: CompileCache,
            opts: Options) -> set[fx.Node]:
     """The matmul/convolution nodes of `graph` that run as ATen kernels under `mode`
@@ -212,14 +248,9 @@ def choose(graph: fx.GraphModule, mode: str, target: Target, cache: CompileCache
         raise BooError(f"aten_matmul={mode!r}")
     timings = Timings(cache, target, opts)
     chosen: dict[fx.Node, float] = {}
-    for node in candidates:
-        vals = [a.meta.get("val") for a in _tensor_args(node)]
-        if not all(isinstance(v, torch.Tensor) for v in vals):
-            continue
-        if any(symbolic.tensor_is_symbolic(v) for v in vals):  # one module for all sizes: nothing to time
-            continue
-        if flops(node) < MIN_FLOPS and not opts.autotune:  # max-autotune times every one
-            continue
+    timed = [n for n in candidates if _weighed(n, opts)]
+    timings.prepare(timed)
+    for node in timed:
         try:
             t = timings.of(node)
         except Exception as e:  # a shape IREE cannot compile alone: no evidence for ATen

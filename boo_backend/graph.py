@@ -22,8 +22,8 @@ import torch.fx as fx
 from . import blocks, extern, match, saved, symbolic
 from .cache import CompileCache, timed, write_atomic
 from .compile import (
-    BooCompileError, Target, compile_flags, compile_mlir, computes_in_f64, has_dynamic_dims, target_for,
-    unconverted_ops,
+    BooCompileError, Target, compile_flags, compile_mlir, computes_in_f64, has_dynamic_dims, precompile,
+    target_for, unconverted_ops,
 )
 from .config import BooError, BooFallbackWarning, BooStrictError, Options
 from .diagnose import Unlowerable, failing_ops, first_error, unlinked_ops
@@ -433,24 +433,36 @@ class CompiledGraph:
                 outer, place_of_part = split_independent(graph, parts)
         else:
             outer, place_of_part = split_islands(graph, places, labels)
-        # Parts that compute the same thing (the same layer, repeated) share one module.
-        built: dict[str, IreePart] = {}
+        # Parts that compute the same thing (the same layer, repeated) share one module; the
+        # distinct ones are lowered first and compiled side by side.
+        distinct: dict[str, tuple[str, Lowered]] = {}
+        keys = {}
         for sub, place in place_of_part.items():
             if place == "iree":
-                part = getattr(outer, sub)
-                key = blocks.structure_key(part)
-                if key not in built:
-                    built[key] = self._compile_part(part, target, dump, sub)
-                setattr(outer, sub, built[key])
+                keys[sub] = blocks.structure_key(getattr(outer, sub))
+                if keys[sub] not in distinct:
+                    with timed("import"):
+                        distinct[keys[sub]] = (sub, lower(getattr(outer, sub)))
+        precompile([low.mlir for _, low in distinct.values()
+                    if compute_nodes(low.core) and not unregistered_ops(low.mlir)],
+                   target, self.cache, self.opts.compile_timeout)
+        built: dict[str, IreePart] = {}
+        for sub, key in keys.items():
+            if key not in built:
+                first, lowered = distinct[key]
+                built[key] = self._compile_part(getattr(outer, first), target, dump, first, lowered)
+            setattr(outer, sub, built[key])
         if labels:
             iree_parts = sum(p == "iree" for p in place_of_part.values())
             log.info("boo %s: %d repeated blocks; %d IREE parts, %d distinct modules",
                      self.name, len(set(labels.values()) - {None}), iree_parts, len(built))
         return outer, composites, aten, island
 
-    def _compile_part(self, graph: fx.GraphModule, target: Target, dump, part: str) -> IreePart:
-        with timed("import"):
-            lowered = lower(graph)
+    def _compile_part(self, graph: fx.GraphModule, target: Target, dump, part: str,
+                      lowered: Lowered | None = None) -> IreePart:
+        if lowered is None:
+            with timed("import"):
+                lowered = lower(graph)
         if dump:
             write_atomic(dump / f"{part}.mlir", lowered.mlir)
             flags = compile_flags(target, dynamic=has_dynamic_dims(lowered.mlir), f64=computes_in_f64(lowered.mlir))

@@ -27,6 +27,7 @@ from torch._guards import detect_fake_mode
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from .config import BooError
+from .symbolic import placeholder_values
 
 aten = torch.ops.aten
 
@@ -137,7 +138,7 @@ class _Run(fx.Interpreter):
 
     def _invoke_subgraph(self, subgraph, identifier, *operands):
         self.regions += 1
-        return self._sub(subgraph, operands, region=self.region or f"nested_compile_region.{identifier}.{self.regions}")
+        return self._sub(subgraph, operands, region=self.region or f"nested_compile_region.{self.regions}")
 
     def _cond(self, pred, true_fn, false_fn, operands):
         ours, theirs = self._sub(true_fn, operands), self._sub(false_fn, operands)
@@ -218,7 +219,7 @@ def inline(gm: fx.GraphModule) -> fx.GraphModule:
                 val = user.meta.get("val")
                 if user.args[1] == 0 and isinstance(val, torch.Tensor) and isinstance(val.numel(), int):
                     state_bytes = val.numel()
-    values = [n.meta["val"] for n in gm.graph.nodes if n.op == "placeholder"]
+    values = placeholder_values(gm)
     fake_mode = detect_fake_mode(values)
     with fake_mode, fx_traceback.preserve_node_meta():  # module stacks, for blocks.block_labels
         return make_fx(lambda *a: _Run(gm, state_bytes=state_bytes).run(*a), tracing_mode="real")(*values)

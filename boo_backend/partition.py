@@ -26,7 +26,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 from torch.fx.passes.split_module import split_module
 
-from . import composites
+from . import composites, symbolic
 from .decompositions import FALLBACK, cast_to, expected_results
 from .rewrites import PRE_LOWERING, needs_pre_lowering
 from .embed import mlir_op_name
@@ -73,7 +73,7 @@ def is_symbolic(gm: fx.GraphModule) -> bool:
 def retrace_symbolic(gm: fx.GraphModule, decompositions: dict | None = None) -> fx.GraphModule:
     """Trace `gm` again on its own symbolic inputs (Dynamo's dynamic shapes): sizes stay
     symbolic, and ops in `decompositions` are replaced by their decompositions."""
-    values = [n.meta["val"] for n in gm.graph.nodes if n.op == "placeholder"]
+    values = symbolic.placeholder_values(gm)
     fake_mode = detect_fake_mode(values)
     with fake_mode, fx_traceback.preserve_node_meta():
         return make_fx(_interpreted(gm), decomposition_table=decompositions or {}, tracing_mode="real")(*values)

@@ -13,6 +13,7 @@ cache.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 
 import sympy
@@ -113,3 +114,21 @@ class Sizes:
             e = e.xreplace({s: binding[s.name] for s in e.free_symbols})
             out.append(int(e))
         return out
+
+
+def placeholder_values(gm) -> list:
+    """The fake values of `gm`'s inputs, to trace it again with make_fx: one object per
+    input. AOTAutograd can give two inputs the same value object (the saved tensors of two
+    calls of one nested_compile_region), and make_fx, which maps tensors to graph inputs by
+    identity, then read the second input wherever the first was used."""
+    values, seen = [], set()
+    for node in gm.graph.nodes:
+        if node.op != "placeholder":
+            continue
+        v = node.meta["val"]
+        if isinstance(v, torch.Tensor) and id(v) in seen:
+            with v.fake_mode if hasattr(v, "fake_mode") else contextlib.nullcontext():
+                v = torch.empty_strided(v.shape, v.stride(), dtype=v.dtype, device=v.device)
+        seen.add(id(v))
+        values.append(v)
+    return values

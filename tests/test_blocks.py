@@ -141,3 +141,36 @@ def test_structure_key_sees_constants_not_names():
             node.name = node.name + "_renamed"
     assert blocks.structure_key(a) == blocks.structure_key(b)
     assert blocks.structure_key(a) != blocks.structure_key(c)
+
+
+def test_nested_compile_region_calls_are_blocks(caplog):
+    """Each call of a function marked with torch.compiler.nested_compile_region is a block:
+    its calls share one module, forward and backward, and the results are eager's."""
+
+    @torch.compiler.nested_compile_region
+    def block(x, w, b):
+        return x + torch.nn.functional.gelu(x @ w + b)
+
+    def f(x, ws, bs):
+        for w, b in zip(ws, bs):
+            x = block(x, w, b)
+        return x.sum(-1)
+
+    torch.manual_seed(0)
+    x = torch.randn(37, 24)
+    ws = [(0.2 * torch.randn(24, 24)).requires_grad_() for _ in range(4)]
+    bs = [torch.randn(24, requires_grad=True) for _ in range(4)]
+    boo_backend.reset()
+    with caplog.at_level(logging.INFO, logger="boo_backend"):
+        out = torch.compile(f, backend="boo")(x, ws, bs)
+        out.sum().backward()
+    grads = [t.grad.clone() for t in ws + bs]
+    for t in ws + bs:
+        t.grad = None
+    expected = f(x, ws, bs)
+    expected.sum().backward()
+    assert_close(out, expected, rtol=1e-5, atol=1e-5)
+    for i, (g, t) in enumerate(zip(grads, ws + bs)):
+        assert_close(g, t.grad, f"grad {i}", rtol=1e-5, atol=1e-5)
+    lines = [r.getMessage() for r in caplog.records if "repeated blocks" in r.getMessage()]
+    assert any("repeated blocks" in line for line in lines), lines
