@@ -1,6 +1,8 @@
 """Every zoo model with dynamic shapes: one module compiled for all sizes, checked against
 eager at sizes unlike the first call's (smaller, odd, past 64 and past 128, not multiples of
-16), for inference (logits, loss) and a training step (loss, logits, every gradient).
+16), for inference (logits, loss) and, on half of them, a training step (loss, logits,
+every gradient). Each call of a model is at a size of its own choice among SIZES, so that
+every size is covered by several models.
 
 A dynamic module that is right at its first size and wrong at another is the bug this file
 is for (GPT-2 and Llama attention past length 64, once): every size is compared, and the
@@ -8,6 +10,7 @@ failures of a model are reported together.
 """
 
 import copy
+import os
 
 import pytest
 import torch
@@ -71,7 +74,7 @@ def test_dynamic_inference(name):
     boo_backend.reset()
     run = torch.compile(model, backend="boo")
     failures = []
-    sizes = _sizes(name, 3)
+    sizes = _sizes(name, 2)
     with torch.no_grad():
         for (b, s), batch in zip(sizes, _batches(name, sizes)):
             ours, ref = run(**batch), model(**batch)
@@ -83,7 +86,16 @@ def test_dynamic_inference(name):
         assert any(p.dynamic for p in boo_backend.placements()), "no graph was compiled for all sizes"
 
 
-@pytest.mark.parametrize("name", list(MODELS))
+# Training is checked on every other zoo model, GPT-2 and Llama always (the architectures
+# whose dynamic modules were wrong once); the others train with dynamic shapes under
+# BOO_DYNAMIC_ZOO=all, and every model trains at static shapes in tests/test_zoo.py. All
+# fourteen cost CI 11 minutes.
+TRAINED = [n for i, n in enumerate(MODELS) if i % 2 == 0 or n in ("gpt2", "llama")]
+if os.environ.get("BOO_DYNAMIC_ZOO") == "all":
+    TRAINED = list(MODELS)
+
+
+@pytest.mark.parametrize("name", TRAINED)
 def test_dynamic_training_step(name):
     model, _ = MODELS[name]()
     ref = copy.deepcopy(model)

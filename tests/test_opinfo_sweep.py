@@ -22,7 +22,7 @@ As a script, for diagnosis (prints the table; exit status 1 when a sample is bad
         [--samples 2] [--no-worker] [--verbose]
 
 Environment: BOO_OPINFO_SAMPLES (samples per op and dtype, default 1), BOO_OPINFO_DTYPES
-(dtypes besides float32 per op in the suite, taken in turn: default 2, or all), BOO_OPINFO_HANG_S
+(dtypes besides float32 per op in the suite, taken in turn: default 1, or all), BOO_OPINFO_HANG_S
 (the HANG limit, default 60 s), BOO_OPINFO_REPORT (a file to write the summary table to).
 """
 
@@ -723,7 +723,7 @@ def _not_strict(monkeypatch):
 # Dtypes per op in the suite: float32 and this many of the others, a different choice per
 # op, so that every dtype is covered by many ops (all five cost CI about 9 minutes);
 # BOO_OPINFO_DTYPES=all checks every op in every dtype.
-OTHER_DTYPES = os.environ.get("BOO_OPINFO_DTYPES", "2")
+OTHER_DTYPES = os.environ.get("BOO_OPINFO_DTYPES", "1")
 
 
 def dtypes_for(key: str) -> list[str]:
