@@ -45,10 +45,11 @@ def keep_module_stacks(gm: fx.GraphModule) -> None:
 def group_blocks(gm: fx.GraphModule) -> dict[fx.Node, str | None]:
     """`block_labels`, after moving the pieces of a block that the graph computes late (the
     transposed weights a forward returns for its backward, after every layer) up to the end
-    of that block's first run, where their inputs allow: each block then is one part."""
+    of that block's first run, where their inputs allow: each block then is one part.
+    Empty when the graph has fewer than two blocks (nothing to cut)."""
     labels = block_labels(gm)
     if len(set(labels.values()) - {None}) < 2:
-        return labels
+        return {}
     order = {n: float(i) for i, n in enumerate(gm.graph.nodes)}
     anchor: dict[str, fx.Node] = {}  # the last node of each label's first run
     closed: set[str] = set()

@@ -121,6 +121,7 @@ class CompiledGraph:
         # An instance attribute, so that wrappers made with functools.wraps copy it.
         self._boxed_call = True
         self.gm = gm
+        blocks.keep_module_stacks(gm)  # for the blocks of every retrace of it
         self.kind = kind
         self.opts = opts
         self.name = name
@@ -382,7 +383,6 @@ class CompiledGraph:
             )
 
     def _prepare(self, args: list, plan: Plan, dynamic: bool) -> fx.GraphModule:
-        blocks.keep_module_stacks(self.gm)
         """One retrace of the graph: on `args` (concrete sizes) or on its own symbolic inputs
         when `dynamic`, with the pre-lowering rewrites, the composites' canonical forms and
         the plan's FX-level decompositions."""
@@ -418,8 +418,6 @@ class CompiledGraph:
         aten = sum(p == "aten" and n.target is not operator.getitem for n, p in places.items())
         island = sum(p == "eager" and n.target is not operator.getitem for n, p in places.items())
         labels = blocks.group_blocks(graph) if self.opts.blocks else {}
-        if len(set(labels.values()) - {None}) < 2:
-            labels = {}
         if set(places.values()) <= {"iree"} and not labels:
             try:
                 return self._compile_part(graph, target, dump, "module"), composites, aten, 0
