@@ -16,7 +16,7 @@ from torch._functorch.aot_autograd import make_boxed_func
 from torch._functorch import config as functorch_config
 from torch._functorch.partitioners import default_partition, min_cut_rematerialization_partition
 
-from . import composites, hops, match, patterns
+from . import aot_cache, composites, hops, match, patterns
 from .compile import Target, target_for
 from .config import BooError, BooFallbackWarning, BooStrictError, Options
 from .decompositions import eager_indexing
@@ -34,24 +34,29 @@ def boo(gm: fx.GraphModule, example_inputs, options: dict | None = None, **kwarg
     graph_id = next(_graph_ids)
     gm = patterns.apply(gm, opts.force_decompose, opts.strict)
 
-    def compiler(kind: str):
-        def compile_graph(graph: fx.GraphModule, _example_inputs):
-            name = f"{kind}_{graph_id:03d}"
-            try:
-                graph = hops.inline(graph)
-            except BooError as e:
-                if opts.strict:
-                    raise BooStrictError(f"boo strict: {kind} graph {name}: {e}") from e
-                warnings.warn(f"{e} ({kind} graph {name})", BooFallbackWarning, stacklevel=2)
-                return make_boxed_func(graph.forward)
-            return CompiledGraph(graph, kind, opts, name)
+    def build(kind: str, graph: fx.GraphModule):
+        """The callable for AOTAutograd's `kind` graph, or an eager fallback (not cached)."""
+        name = f"{kind}_{graph_id:03d}"
+        try:
+            graph = hops.inline(graph)
+        except BooError as e:
+            if opts.strict:
+                raise BooStrictError(f"boo strict: {kind} graph {name}: {e}") from e
+            warnings.warn(f"{e} ({kind} graph {name})", BooFallbackWarning, stacklevel=2)
+            return aot_cache.BooGraph(kind, make_boxed_func(graph.forward), None)
+        return aot_cache.BooGraph(kind, CompiledGraph(graph, kind, opts, name), graph)
 
-        return compile_graph
+    def compiler(kind: str):
+        return aot_cache.compiler(kind, lambda graph, _example_inputs: build(kind, graph))
+
+    def rebuild(kind: str, graph: fx.GraphModule):
+        """A graph AOTAutograd's cache gave back (hops already inlined)."""
+        return CompiledGraph(graph, kind, opts, f"{kind}_{graph_id:03d}")
 
     # AOTAutograd's own CSE pass costs ~0.5 s on a transformer layer's joint graph; IREE
     # runs CSE on every module anyway, so the warm start skips it.
     with (functorch_config.patch(cse=False), _attention_for(target_for(opts.target, example_inputs)),
-          eager_indexing()):
+          eager_indexing(), aot_cache.serving(opts, rebuild)):
         return _aot(opts, compiler)(gm, example_inputs)
 
 

@@ -21,7 +21,8 @@ x = torch.randn(5, 8)
 loss = torch.compile(model, backend="boo")(x).square().mean()
 loss.backward()
 import boo_backend
-print(json.dumps({"stats": boo_backend.stats(), "loss": loss.item()}))
+from torch._dynamo.utils import counters
+print(json.dumps({"stats": boo_backend.stats(), "loss": loss.item(), "aot": dict(counters["aot_autograd"])}))
 """
 
 
@@ -33,8 +34,13 @@ def _run_process(cache_dir):
 
 
 def test_second_process_compiles_nothing(tmp_path):
+    """Nor does it trace the joint graph again: AOTAutograd's cache serves boo's forward and
+    backward graphs (boo_backend/aot_cache.py), and boo's cache their modules."""
     first = _run_process(tmp_path)
     second = _run_process(tmp_path)
+    assert first["aot"].get("autograd_cache_saved", 0) == 1, first["aot"]
+    assert second["aot"].get("autograd_cache_hit", 0) == 1 and not second["aot"].get("autograd_cache_miss"), second["aot"]
+    assert list((tmp_path / "aotautograd").iterdir()), "AOTAutograd's entries belong in boo's cache directory"
     assert first["stats"].get("iree_compiles", 0) >= 2, first
     assert second["stats"].get("iree_compiles", 0) == 0, second
     assert second["stats"].get("cache_hits_disk", 0) >= 2, second
@@ -184,11 +190,15 @@ def test_split_graph_warm_start_and_misses(tmp_path, monkeypatch):
     monkeypatch.setattr(graph_mod, "lower", counted("lower", real_lower))
     monkeypatch.setattr(graph_mod, "retrace", counted("retrace", real_retrace))
 
+    from torch._dynamo.utils import counters
+
     def run(model, x, **options):
         boo_backend.reset()
         torch._dynamo.reset()
+        hits = counters["aot_autograd"]["autograd_cache_hit"]
         calls.update(lower=0, retrace=0)
         out = _split_step(model, x.clone().requires_grad_(), **options)
+        calls["aot_hits"] = counters["aot_autograd"]["autograd_cache_hit"] - hits
         return out, [p.line().split(":", 1)[1] for p in boo_backend.placements()], dict(calls)
 
     torch.manual_seed(0)
@@ -200,7 +210,7 @@ def test_split_graph_warm_start_and_misses(tmp_path, monkeypatch):
         assert cold["lower"] > 0 and cold["retrace"] > 0
         assert set(tmp_path.rglob("*.split*")) - before, f"{options}: no split graph was cached"
         warm, placed_warm, hot = run(model, x, **options)
-        assert hot == {"lower": 0, "retrace": 0}, (options, hot)
+        assert cold["aot_hits"] == 0 and hot == {"lower": 0, "retrace": 0, "aot_hits": 1}, (options, cold, hot)
         assert boo_backend.stats().get("iree_compiles", 0) == 0
         assert placed_warm == placed
         assert_close(warm, first, "warm start")
@@ -210,10 +220,11 @@ def test_split_graph_warm_start_and_misses(tmp_path, monkeypatch):
         "dtype": lambda: run(_Layers().to(torch.bfloat16), x.to(torch.bfloat16)),
         "flag": lambda: run(model, x, force_decompose="gelu"),
     }
+    misses["boo version"] = lambda: (monkeypatch.setattr(cache_mod, "tool_versions", lambda: "boo-backend=0.0.0-other"),
+                                     run(model, x))[1]
     for what, fn in misses.items():
-        assert fn()[2]["lower"] > 0, f"a changed {what} used a stale entry"
-    monkeypatch.setattr(cache_mod, "tool_versions", lambda: "boo-backend=0.0.0-other")
-    assert run(model, x)[2]["lower"] > 0, "a changed boo version used a stale entry"
+        calls_made = fn()[2]
+        assert calls_made["lower"] > 0 and calls_made["aot_hits"] == 0, f"a changed {what} used a stale entry"
 
 
 def test_warm_start_of_a_graph_with_an_island_is_refused_in_strict_mode(tmp_path, monkeypatch):

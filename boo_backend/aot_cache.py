@@ -1,0 +1,150 @@
+"""AOTAutograd's own cache, serving boo's graphs: a warm process skips AOTAutograd's work
+(the joint graph's trace, the partition into forward and backward) on top of boo's.
+
+torch keeps an AOTAutogradCache for compilers that return `OutputCode` objects. In its
+"bundled" form an entry pickles those objects whole, with the metadata AOTAutograd needs to
+run them. boo's OutputCode (`BooGraph`) pickles only the graph it was given (torch.fx's
+GraphPickler, fake tensors and symbolic sizes included). A hit unpickles the graph and
+hands it to the backend as a fresh compile would, and boo's own compile cache then serves
+the modules built for it (graph.py: the plan key is the graph's text).
+
+Stale entries: the entry's key is AOTAutograd's (the Dynamo graph, input metadata, torch's
+own version and configs) plus a tag that names boo's version, the hash of boo's sources and
+kernels, the tools' versions and every resolved option (`Options`). Entries live in boo's
+cache directory, so BOO_CACHE=0 and a fresh BOO_CACHE_DIR leave AOTAutograd's cache alone.
+
+A leaf: imports only cache (the versions) and config from boo_backend.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+from typing import Any, Callable
+from unittest import mock
+
+import torch
+import torch.fx as fx
+from torch._functorch import config as functorch_config
+from torch._functorch._aot_autograd.autograd_cache import AOTAutogradCache, BypassAOTAutogradCache
+from torch._functorch._aot_autograd.schemas import SerializableAOTDispatchCompiler
+from torch._inductor.output_code import OutputCode
+
+from . import cache
+from .config import Options
+
+# Set by `serving` while the backend runs AOTAutograd: builds the callable for a graph that
+# a hit unpickled (kind, graph) -> callable.
+_REBUILD: list[Callable[[str, fx.GraphModule], Any]] = []
+
+
+class BooGraph(OutputCode):
+    """What boo's forward, backward and inference compilers return: the compiled graph (or
+    its eager fallback), as AOTAutograd's cache can store it."""
+
+    def __init__(self, kind: str, compiled, gm: fx.GraphModule | None):
+        super().__init__()
+        self._boxed_call = True
+        self.kind = kind
+        self.compiled = compiled
+        self.gm = gm  # None: not storable (an eager fallback)
+        self.graph_bytes: bytes | None = None
+
+    def __call__(self, inputs):
+        return self.compiled(inputs)
+
+    def prepare_for_serialization(self) -> None:
+        # Called on a shallow copy, before pickling the entry.
+        if self.gm is None:
+            raise BypassAOTAutogradCache(f"boo: the {self.kind} graph runs in eager PyTorch")
+        try:
+            self.graph_bytes = _dump(self.gm)
+        except Exception as e:  # a graph torch.fx cannot pickle: no entry for it
+            raise BypassAOTAutogradCache(f"boo: the {self.kind} graph does not pickle: {e}") from e
+        self.compiled = None
+        self.gm = None
+
+    def post_compile(self, example_inputs, constants, graph_kwargs) -> None:
+        if not _REBUILD:
+            raise BypassAOTAutogradCache("boo: an entry of boo's loaded outside boo's backend")
+        self.gm = _load(self.graph_bytes)
+        self.graph_bytes = None
+        self.compiled = _REBUILD[-1](self.kind, self.gm)
+
+    def set_triton_bundle(self, triton_bundle) -> None:
+        pass
+
+
+def _dump(gm: fx.GraphModule) -> bytes:
+    """The graph as bytes. Module stacks keep their paths and class names (boo reads no
+    more), not the classes: a test's or a script's local class does not pickle."""
+    from torch.fx._graph_pickler import GraphPickler, Options as PickleOptions
+
+    saved = {}
+    for node in gm.graph.nodes:
+        saved[node] = node.meta
+        kept = {k: node.meta[k] for k in ("val", "nn_module_stack", "fwd_nn_module_stack") if node.meta.get(k) is not None}
+        for key in ("nn_module_stack", "fwd_nn_module_stack"):
+            if kept.get(key):
+                kept[key] = {k: (str(v[0]), getattr(v[1], "__qualname__", str(v[1])))
+                             for k, v in kept[key].items()}
+        node.meta = kept
+    module_meta, gm.meta = gm.meta, {}
+    try:
+        return GraphPickler.dumps(gm, PickleOptions(ops_filter=None))
+    finally:
+        gm.meta = module_meta
+        for node, meta in saved.items():
+            node.meta = meta
+
+
+def _load(blob: bytes) -> fx.GraphModule:
+    """A graph from `_dump`, its symbolic sizes in a shape environment of its own (GraphPickler
+    restores the pickled environment's state into it: Dynamo's must not be overwritten)."""
+    from torch._subclasses import FakeTensorMode
+    from torch.fx._graph_pickler import GraphPickler
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    gm = GraphPickler.loads(blob, FakeTensorMode(shape_env=ShapeEnv()))
+    gm.recompile()
+    return gm
+
+
+def compiler(kind: str, compile_graph: Callable):
+    """AOTAutograd's compiler for `kind`, as its cache recognizes one."""
+    return SerializableAOTDispatchCompiler(BooGraph, compile_graph)
+
+
+def tag(opts: Options) -> str:
+    """What boo adds to AOTAutograd's key: every input to what a hit would give the backend."""
+    options = sorted((k, str(v)) for k, v in dataclasses.asdict(opts).items())
+    digest = hashlib.sha256(f"{cache.tool_versions()}|{options}".encode()).hexdigest()[:24]
+    return f"boo:{digest}"
+
+
+@contextlib.contextmanager
+def serving(opts: Options, rebuild: Callable[[str, fx.GraphModule], Any]):
+    """AOTAutograd's cache on for one backend call, its entries in boo's cache directory,
+    keyed by boo's tag; `rebuild` turns a hit's graph into the callable. Off when boo's cache
+    is off."""
+    if not opts.cache:
+        with functorch_config.patch(enable_autograd_cache=False):
+            yield
+        return
+    directory = str(opts.cache_dir / "aotautograd")
+    previous = torch.compiler.config.cache_key_tag
+    _REBUILD.append(rebuild)
+    try:
+        with (
+            # The entry holds the OutputCode objects themselves, and the backward is compiled
+            # (boo's compile is lazy: this only wraps the graph) while this patch holds, so
+            # that it is saved.
+            functorch_config.patch(bundled_autograd_cache=True,
+                                   force_non_lazy_backward_lowering=True),
+            torch.compiler.config.patch(cache_key_tag=f"{previous}|{tag(opts)}"),
+            mock.patch.object(AOTAutogradCache, "_get_tmp_dir", classmethod(lambda cls: directory)),
+        ):
+            yield
+    finally:
+        _REBUILD.pop()
