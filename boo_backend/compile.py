@@ -16,8 +16,6 @@ import signal
 import subprocess
 import time
 
-from iree.compiler.tools.binaries import find_tool
-
 from .cache import CompileCache, timed
 from .config import BooError
 
@@ -78,6 +76,27 @@ class Target:
         (a worker pool: parallel, but each call wakes the workers, 20-150 us) and local-sync
         (the calling thread: one core, a few us per call); runtime.IreeFunction picks one."""
         return ("local-task", "local-sync") if self.is_cpu else (self.driver,)
+
+
+@functools.cache
+def find_tool(name: str) -> str:
+    """The path of one of IREE's compiler tools (iree-compile, iree-lld): IREE_TOOL_PATH's
+    directories first, as IREE's own lookup does, then the one the iree-base-compiler wheel
+    ships. Found without importing iree.compiler, which loads the whole compiler library
+    into the process (55 MB resident): boo runs the compiler as a separate process."""
+    import importlib.util
+
+    for directory in os.environ.get("IREE_TOOL_PATH", "").split(os.pathsep):
+        if directory and os.access(os.path.join(directory, name), os.X_OK):
+            return os.path.join(directory, name)
+    spec = importlib.util.find_spec("iree.compiler")
+    for package in (spec.submodule_search_locations or []) if spec else []:
+        path = os.path.join(package, "_mlir_libs", name)
+        if os.access(path, os.X_OK):
+            return path
+    from iree.compiler.tools.binaries import find_tool as iree_find_tool
+
+    return iree_find_tool(name)
 
 
 _EMBEDDED_LINKER = f"--iree-llvmcpu-embedded-linker-path={find_tool('iree-lld')}"

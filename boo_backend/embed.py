@@ -12,10 +12,10 @@ fuses with its neighbours like any other op.
 
 from __future__ import annotations
 
+import importlib
+
 import torch
 import torch.fx as fx
-from torch_mlir import ir
-from torch_mlir.dialects import func as func_d
 
 from . import composites, templates
 from .config import BooError
@@ -23,18 +23,30 @@ from .config import BooError
 # The FX node meta key match.py sets on nodes a composite computes.
 META_KEY = "boo_composite"
 
-_ELEMENT = {
-    torch.float32: ir.F32Type.get,
-    torch.bfloat16: ir.BF16Type.get,
-    torch.float16: ir.F16Type.get,
-}
+
+
+class _Lazy:
+    """A module imported at its first use: torch-mlir's Python API loads its native library
+    (35 MB resident), which a process whose modules all come from the cache never needs."""
+
+    def __init__(self, name: str):
+        self._name = name
+
+    def __getattr__(self, attr):
+        return getattr(importlib.import_module(self._name), attr)
+
+
+ir = _Lazy("torch_mlir.ir")
+func_d = _Lazy("torch_mlir.dialects.func")
+
+_ELEMENT = {torch.float32: "F32Type", torch.bfloat16: "BF16Type", torch.float16: "F16Type"}
 
 
 def _builtin(t: torch.Tensor) -> ir.Type:
     """The builtin tensor type of a FakeTensor; a symbolic size is a `?` dim, as the importer
     gives it (and as composites.size makes it in a kernel's parameters)."""
     dims = [ir.ShapedType.get_dynamic_size() if s is None else s for s in composites.sizes(t.shape)]
-    return ir.RankedTensorType.get(dims, _ELEMENT[t.dtype]())
+    return ir.RankedTensorType.get(dims, getattr(ir, _ELEMENT[t.dtype]).get())
 
 
 def _kernel_text(call) -> tuple[str, str]:

@@ -11,15 +11,13 @@ in Python from an output plan.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import io
 import re
 
 import sympy
 import torch
 import torch.fx as fx
-from torch_mlir import ir as tm_ir
-from torch_mlir.dialects import torch as torch_d
-from torch_mlir.extras.fx_importer import FxImporter, GraphNodeImporter, RangeConstraint
 
 from . import symbolic
 from .config import BooError
@@ -262,21 +260,28 @@ def unregistered_ops(mlir: str) -> list[str]:
     return sorted(set(_OPERATOR.findall(mlir)))
 
 
-class _NodeImporter(GraphNodeImporter):
+@functools.cache
+def _node_importer():
     """torch-mlir's node importer, leaving out the shape bindings it cannot express: a size
     such as (s79**2)//s79 has no affine form. A binding only adds facts; the `?` dims stay."""
+    from torch_mlir.extras.fx_importer import GraphNodeImporter
 
-    __slots__ = ()
+    class _NodeImporter(GraphNodeImporter):
+        __slots__ = ()
 
-    def _create_bind_symbolic_shape_ops(self, loc, node):
-        try:
-            super()._create_bind_symbolic_shape_ops(loc, node)
-        except NotImplementedError:
-            pass
+        def _create_bind_symbolic_shape_ops(self, loc, node):
+            try:
+                super()._create_bind_symbolic_shape_ops(loc, node)
+            except NotImplementedError:
+                pass
+
+    return _NodeImporter
 
 
 def _symbol_ranges(core: fx.GraphModule) -> dict[str, RangeConstraint]:
     """The range of every symbol in `core`'s sizes, as the importer takes them."""
+    from torch_mlir.extras.fx_importer import RangeConstraint
+
     used: set = set()
     for node in core.graph.nodes:
         val = node.meta.get("val")
@@ -306,6 +311,8 @@ def _int_constant(value) -> int | None:
     owner = value.owner
     if getattr(owner, "name", None) != "torch.constant.int":
         return None
+    from torch_mlir import ir as tm_ir
+
     return tm_ir.IntegerAttr(owner.attributes["value"]).value
 
 
@@ -314,6 +321,8 @@ def _views_through_one_dim(module) -> None:
     flat dim: x -> [-1] -> target. torch-mlir's view lowering pairs dynamic dims with the
     wrong groups when several dims merge ([?, ?, 4, 8] -> [?, 32] came back [s0, s1*32],
     values and all); collapsing to one dim and expanding that lowers right for every size."""
+    from torch_mlir import ir as tm_ir
+
     with module.context, tm_ir.Location.unknown():
         int_type, list_type = tm_ir.Type.parse("!torch.int"), tm_ir.Type.parse("!torch.list<int>")
         for func in module.body.operations:
@@ -363,10 +372,14 @@ def _views_through_one_dim(module) -> None:
 def import_core(core: fx.GraphModule) -> tuple[str, list[str]]:
     """torch dialect text for `core`, with one public function `main` and the composite
     kernels it calls; also the kernels' function names."""
+    from torch_mlir import ir as tm_ir
+    from torch_mlir.dialects import torch as torch_d
+    from torch_mlir.extras.fx_importer import FxImporter
+
     context = tm_ir.Context()
     torch_d.register_dialect(context)
     importer = FxImporter(context=context)
-    importer._graph_node_importer_cls = _NodeImporter
+    importer._graph_node_importer_cls = _node_importer()
     # Symbolic sizes become `?` dims; `torch.symbolic_int` declares each symbol with its range
     # and `torch.bind_symbolic_shape` says how each tensor's sizes relate to them (s27*s77
     # rows), which IREE turns into assumptions. The importer reads the ranges from an
