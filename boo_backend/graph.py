@@ -418,6 +418,10 @@ class CompiledGraph:
         aten = sum(p == "aten" and n.target is not operator.getitem for n, p in places.items())
         island = sum(p == "eager" and n.target is not operator.getitem for n, p in places.items())
         labels = blocks.group_blocks(graph) if self.opts.blocks else {}
+        cut = split_islands(graph, places, labels) if labels else None
+        if cut is not None and not blocks.repeats_pay(*cut):
+            log.debug("boo %s: its blocks differ too much to share modules; not cut at them", self.name)
+            labels, cut = {}, None
         if set(places.values()) <= {"iree"} and not labels:
             try:
                 return self._compile_part(graph, target, dump, "module"), composites, aten, 0
@@ -430,7 +434,7 @@ class CompiledGraph:
                          self.name, bindings.group(1), parts)
                 outer, place_of_part = split_independent(graph, parts)
         else:
-            outer, place_of_part = split_islands(graph, places, labels)
+            outer, place_of_part = cut or split_islands(graph, places, labels)
         # Parts that compute the same thing (the same layer, repeated) share one module; the
         # distinct ones are lowered first and compiled side by side.
         distinct: dict[str, tuple[str, Lowered]] = {}

@@ -125,6 +125,37 @@ def test_blocks_that_differ_are_not_shared(dtype, caplog):
     assert any("4 repeated blocks" in line or "6 repeated blocks" in line for line in lines), lines
 
 
+class _Widening(nn.Module):
+    """Three blocks of one class, each of another width: nothing repeats."""
+
+    def __init__(self):
+        super().__init__()
+        self.layers = nn.ModuleList([nn.Sequential(nn.Linear(w, w + 8), nn.GELU()) for w in (24, 32, 40)])
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = layer(x)
+        return x.sum(-1)
+
+
+def test_blocks_that_all_differ_are_not_cut(caplog):
+    """A graph whose blocks share nothing is compiled whole: each module costs iree-compile
+    a fixed second or two, and cutting would buy no reuse (blocks.repeats_pay)."""
+    torch.manual_seed(0)
+    model = _Widening()
+    x = torch.randn(3, 19, 24)
+    grad = torch.randn(3, 19)
+    eager = _run(copy.deepcopy(model), x, grad)
+    boo_backend.reset()
+    with caplog.at_level(logging.INFO, logger="boo_backend"):
+        ours = _run(torch.compile(model, backend="boo"), x, grad)
+    for i, (a, e) in enumerate(zip(ours, eager)):
+        assert_close(a, e, f"result {i}", rtol=1e-5, atol=1e-5)
+    lines = [r.getMessage() for r in caplog.records if "repeated blocks" in r.getMessage()]
+    assert not lines, lines
+    assert {p.kind for p in boo_backend.placements()} == {"forward", "backward"}
+
+
 def _with_constant(value: float):
     gm = torch.fx.symbolic_trace(lambda x: x * torch.tensor([value, 2.0]))
     for node in gm.graph.nodes:
