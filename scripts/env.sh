@@ -6,7 +6,7 @@ if [ ! -x .venv/bin/python ]; then
 fi
 # shellcheck disable=SC1091
 . .venv/bin/activate
-if ! python -c "import boo_backend, pytest" 2>/dev/null; then
+if ! python -c "import boo_backend, pytest, xdist" 2>/dev/null; then
     python -m pip install --quiet --upgrade pip
     python -m pip install --quiet -e '.[test]'
 fi
