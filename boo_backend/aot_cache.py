@@ -59,7 +59,8 @@ class BooGraph(OutputCode):
         if self.gm is None:
             raise BypassAOTAutogradCache(f"boo: the {self.kind} graph runs in eager PyTorch")
         try:
-            self.graph_bytes = _dump(self.gm)
+            with cache.timed("aot_save"):
+                self.graph_bytes = _dump(self.gm)
         except Exception as e:  # a graph torch.fx cannot pickle: no entry for it
             raise BypassAOTAutogradCache(f"boo: the {self.kind} graph does not pickle: {e}") from e
         self.compiled = None
@@ -68,7 +69,8 @@ class BooGraph(OutputCode):
     def post_compile(self, example_inputs, constants, graph_kwargs) -> None:
         if not _REBUILD:
             raise BypassAOTAutogradCache("boo: an entry of boo's loaded outside boo's backend")
-        self.gm = _load(self.graph_bytes)
+        with cache.timed("aot_load"):
+            self.gm = _load(self.graph_bytes)
         self.graph_bytes = None
         self.compiled = _REBUILD[-1](self.kind, self.gm)
 
