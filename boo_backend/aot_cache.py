@@ -113,8 +113,8 @@ def _load(blob: bytes) -> fx.GraphModule:
     return gm
 
 
-def compiler(kind: str, compile_graph: Callable):
-    """AOTAutograd's compiler for `kind`, as its cache recognizes one."""
+def compiler(compile_graph: Callable):
+    """`compile_graph` as a compiler AOTAutograd's cache recognizes."""
     return SerializableAOTDispatchCompiler(BooGraph, compile_graph)
 
 

@@ -34,9 +34,12 @@ def boo(gm: fx.GraphModule, example_inputs, options: dict | None = None, **kwarg
     graph_id = next(_graph_ids)
     gm = patterns.apply(gm, opts.force_decompose, opts.strict)
 
+    def name_of(kind: str) -> str:
+        return f"{kind}_{graph_id:03d}"
+
     def build(kind: str, graph: fx.GraphModule):
         """The callable for AOTAutograd's `kind` graph, or an eager fallback (not cached)."""
-        name = f"{kind}_{graph_id:03d}"
+        name = name_of(kind)
         try:
             graph = hops.inline(graph)
         except BooError as e:
@@ -47,11 +50,11 @@ def boo(gm: fx.GraphModule, example_inputs, options: dict | None = None, **kwarg
         return aot_cache.BooGraph(kind, CompiledGraph(graph, kind, opts, name), graph)
 
     def compiler(kind: str):
-        return aot_cache.compiler(kind, lambda graph, _example_inputs: build(kind, graph))
+        return aot_cache.compiler(lambda graph, _example_inputs: build(kind, graph))
 
     def rebuild(kind: str, graph: fx.GraphModule):
         """A graph AOTAutograd's cache gave back (hops already inlined)."""
-        return CompiledGraph(graph, kind, opts, f"{kind}_{graph_id:03d}")
+        return CompiledGraph(graph, kind, opts, name_of(kind))
 
     # AOTAutograd's own CSE pass costs ~0.5 s on a transformer layer's joint graph; IREE
     # runs CSE on every module anyway, so the warm start skips it.
