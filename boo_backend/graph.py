@@ -19,7 +19,7 @@ import warnings
 import torch
 import torch.fx as fx
 
-from . import blocks, extern, match, saved, symbolic
+from . import blocks, extern, fusions, match, saved, symbolic
 from .cache import CompileCache, timed, write_atomic
 from .compile import (
     BooCompileError, Target, compile_flags, compile_mlir, computes_in_f64, has_dynamic_dims, precompile,
@@ -34,7 +34,7 @@ from .partition import (
     Plan, compute_nodes, decomposition_table, fold_empty, is_symbolic, node_places,
     fold_known_sizes, preparation_table, retrace, retrace_symbolic, wrong_in_iree, split_independent, split_islands,
 )
-from .part import IreePart
+from .part import IreePart, donate
 from .placement import PLACEMENTS, Placement
 from .runtime import IreeFunction
 
@@ -222,7 +222,7 @@ class CompiledGraph:
 
     def _build(self, args: list, index: int, dynamic: bool = False):
         with timed("build"):
-            return self._build_timed(args, index, dynamic)
+            return donate(self._build_timed(args, index, dynamic))
 
     def _build_timed(self, args: list, index: int, dynamic: bool):
         name = self.name if index == 0 else f"{self.name}_s{index}"
@@ -399,7 +399,7 @@ class CompiledGraph:
         else:
             graph = retrace(self.gm, args, table)
             _check_same_outputs(self.gm, graph, decompositions, self.symbolic)
-        graph = fold_empty(graph)
+        graph = fusions.apply(fold_empty(graph))
         plan.island |= {mlir_op_name(n.target) for n in graph.graph.nodes if wrong_in_iree(n)}
         return graph
 

@@ -1,17 +1,24 @@
 """One IREE part of a graph: a lowered graph with its compiled module, mapping the graph's
 inputs to IREE's arguments and IREE's results back to the graph's outputs, in eager's layout.
 
-Imports lower and runtime from boo_backend.
+Imports lower, runtime and partition (for the ATen kernels' ops) from boo_backend.
 """
 
 from __future__ import annotations
 
+import logging
+import operator
+
 import torch
+import torch.fx as fx
 
 from . import symbolic
 from .lower import Lowered, output_texts
+from .partition import ATEN_MEASURED
 from .runtime import IreeFunction
 
+
+log = logging.getLogger("boo_backend")
 
 # Distinct sets of sizes whose evaluated layouts a dynamic part keeps.
 _SIZES_KEPT = 1024
@@ -111,14 +118,17 @@ class IreePart(torch.nn.Module):
             ]
         return found
 
-    def forward(self, *args):
+    def forward(self, *args, donated: frozenset[int] = frozenset()):
+        """`donated`: positions in `args` of tensors that are dead after this call (see
+        Donating)."""
         low = self.lowered
         results: list = []
         restride, sizes = self._concrete(args) if self._sizes else ((), {})
         if self.function is not None:
             inputs = self._inputs_for(args) if self._consts_moved else low.inputs
             tensors = [args[v] if k == "arg" else v for k, v in inputs]
-            results = self.function(tensors, len(low.result_layouts))
+            given = frozenset(j for j, (k, v) in enumerate(inputs) if k == "arg" and v in donated) if donated else donated
+            results = self.function(tensors, len(low.result_layouts), given)
             for j, dtype in self.retype:
                 results[j] = results[j].view(dtype)
             for j, shape, stride in (*self.restride, *restride):
@@ -129,3 +139,95 @@ class IreePart(torch.nn.Module):
             for k, v in low.outputs
         ]
         return tuple(outs) if low.tuple_output else outs[0]
+
+
+class Donating(torch.nn.Module):
+    """One call site of an IreePart (parts are shared between repeated blocks) whose
+    arguments at positions `donated` are dead after the call and fresh: an ATen matmul's
+    result that nothing else reads. A module that writes into an argument (index_put,
+    scatter: `Lowered.writes`) then gets such a tensor as it is, not a copy. An embedding's
+    backward with tied weights scatters into the projection's gradient, 154 MB for GPT-2."""
+
+    def __init__(self, part: IreePart, donated: frozenset[int]):
+        super().__init__()
+        self.part = part
+        self.donated = donated
+
+    def forward(self, *args):
+        return self.part(*args, donated=self.donated)
+
+
+def _returned(sub: fx.GraphModule, index):
+    """The node that `sub` returns at `index` (None: its only result), or None."""
+    out = next(n for n in sub.graph.nodes if n.op == "output")
+    returned = out.args[0]
+    if isinstance(returned, (tuple, list)):
+        if not isinstance(index, int) or index >= len(returned):
+            return None
+        returned = returned[index]
+    elif index is not None:
+        return None
+    if not (isinstance(returned, fx.Node) and list(returned.users) == [out]):
+        return None  # also read inside `sub`, or returned twice: it may alias another result
+    return returned
+
+
+def _owned(outer: fx.GraphModule, node, hops: int = 8) -> bool:
+    """Whether the tensor of `node` (an argument in the outer graph) is fresh memory that
+    nothing else reads: a result an ATen kernel made (a matmul's), or a view of one, with
+    every step read only by the next."""
+    if hops == 0 or not isinstance(node, fx.Node) or len(node.users) != 1:
+        return False
+    index = None
+    if node.op == "call_function" and node.target is operator.getitem:
+        node, index = node.args
+    if not (isinstance(node, fx.Node) and node.op == "call_module"):
+        return False
+    sub = getattr(outer, node.target)
+    if isinstance(sub, Donating):
+        sub = sub.part
+    if isinstance(sub, IreePart):  # an IREE part may hand on a view of its input i
+        outputs = sub.lowered.outputs
+        kind, plan = outputs[0 if index is None else index] if (index or 0) < len(outputs) else (None, None)
+        if kind != "view":
+            return False
+        source = plan[0]
+        if sum(k in ("view", "arg") and (v[0] if k == "view" else v) == source for k, v in outputs) != 1:
+            return False
+        return node.args.count(node.args[source]) == 1 and _owned(outer, node.args[source], hops - 1)
+    if not isinstance(sub, fx.GraphModule):
+        return False
+    returned = _returned(sub, index)
+    if returned is None or returned.op != "call_function":
+        return False
+    kernel = returned.args[0] if returned.target is operator.getitem else returned
+    if isinstance(kernel, fx.Node) and kernel.op == "call_function" and kernel.target in ATEN_MEASURED:
+        return True
+    base = returned.args[0] if getattr(returned.target, "is_view", False) else None
+    if not (isinstance(base, fx.Node) and base.op == "placeholder" and list(base.users) == [returned]):
+        return False
+    position = [n for n in sub.graph.nodes if n.op == "placeholder"].index(base)
+    source = node.args[position] if position < len(node.args) else None
+    return node.args.count(source) == 1 and _owned(outer, source, hops - 1)
+
+
+def donate(outer):
+    """`outer` (a graph cut into parts, or one IreePart) with each call of an IreePart that
+    writes into an argument (Lowered.writes) and gets, there, a fresh ATen result read by
+    nothing else, made a Donating call site: no copy of that argument per call."""
+    if not isinstance(outer, fx.GraphModule) or isinstance(outer, IreePart):
+        return outer
+    for node in outer.graph.nodes:
+        part = getattr(outer, node.target, None) if node.op == "call_module" else None
+        if not isinstance(part, IreePart) or part.function is None or not part.lowered.writes:
+            continue
+        written = {part.lowered.inputs[j][1] for j in part.lowered.writes if part.lowered.inputs[j][0] == "arg"}
+        donated = frozenset(
+            v for v in written
+            if v < len(node.args)
+            and node.args.count(node.args[v]) == 1 and _owned(outer, node.args[v])
+        )
+        if donated:
+            log.debug("boo: %s writes into fresh ATen results %s; passed without a copy", part.function.graph, sorted(donated))
+            setattr(outer, node.target, Donating(part, donated))
+    return outer

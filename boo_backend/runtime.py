@@ -7,6 +7,7 @@ from boo_backend.
 from __future__ import annotations
 
 import bisect
+import contextlib
 import functools
 import logging
 import os
@@ -197,9 +198,15 @@ class IreeFunction:
             loaded = self._loaded[queue] = _Loaded(self._module, queue.hal, self._name, self.graph, queue)
         return loaded
 
-    def __call__(self, tensors: list[torch.Tensor], num_results: int) -> list[torch.Tensor]:
+    def __call__(self, tensors: list[torch.Tensor], num_results: int,
+                 donated: frozenset[int] = frozenset()) -> list[torch.Tensor]:
+        """`donated`: positions of tensors the caller will not read again and that no other
+        tensor shares; IREE may write into them, so they are passed as they are, and results
+        in their memory are kept. Not on the first call, which checks what IREE writes."""
         device = torch.device("cuda", gpu.torch_device_index(tensors)) if self._gpu else None
-        passed = [_importable(t, i in self.writes, device) for i, t in enumerate(tensors)]
+        if not self._checked:
+            donated = frozenset()
+        passed = [_importable(t, i in self.writes and i not in donated, device) for i, t in enumerate(tensors)]
         spans = _spans(passed)
         if len(spans) > 1:
             shared = _overlapping(spans)
@@ -209,7 +216,7 @@ class IreeFunction:
                 spans = _spans(passed)
         if not self._checked:
             return self._first_call(tensors, passed, spans, num_results)
-        return self._invoke(tensors, passed, spans, num_results)
+        return self._invoke(tensors, passed, spans, num_results, donated)
 
     def _first_call(self, tensors, passed, spans, num_results):
         start = time.perf_counter()
@@ -274,9 +281,9 @@ class IreeFunction:
         if self._remember is not None:
             self._remember(driver)
 
-    def _invoke(self, tensors, passed, spans, num_results):
+    def _invoke(self, tensors, passed, spans, num_results, donated: frozenset[int] = frozenset()):
         try:
-            with self._lock:
+            with self._lock, _labelled(self.graph):
                 loaded = self._on_gpu(passed) if self._gpu else self._current
                 out = loaded.run(passed, num_results, self.sync)
         except gpu.BooDeviceError:
@@ -293,7 +300,17 @@ class IreeFunction:
         home = _elsewhere(tensors, self._gpu)
         if home is not None:
             out = [r.to(home) for r in out]
-        return _unalias(out, spans)
+        # Only memory the caller still reads matters: a copy made for this call (an argument
+        # IREE writes into) and a donated tensor are no one else's, so a result there is fresh.
+        return _unalias(out, [s for s in spans if passed[s[2]] is tensors[s[2]] and s[2] not in donated])
+
+
+def _labelled(graph: str):
+    """Under torch.profiler, a range named after the graph, so a trace shows what each IREE
+    call ran; otherwise nothing (a range costs microseconds a call)."""
+    if torch.autograd.profiler._is_profiler_enabled:
+        return torch.profiler.record_function(f"boo: {graph}")
+    return contextlib.nullcontext()
 
 
 def _arguments(device: rt.HalDevice, passed: list[torch.Tensor]) -> rt.VmVariantList:

@@ -1,0 +1,128 @@
+"""Rewrites across ops (fusions.py) and arguments donated to IREE (part.Donating): the tied
+embedding of a language model, whose backward scatters into the projection's gradient."""
+
+import logging
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.fx.experimental.proxy_tensor import make_fx
+
+import boo_backend
+from boo_backend import fusions
+from util import assert_close, compare_training
+
+aten = torch.ops.aten
+
+
+class TiedLM(nn.Module):
+    """Embedding, a norm and the embedding's own weight as the output projection (GPT-2)."""
+
+    def __init__(self, vocab: int, width: int, also_read: bool = False):
+        super().__init__()
+        self.emb = nn.Embedding(vocab, width)
+        self.norm = nn.LayerNorm(width)
+        self.also_read = also_read
+        with torch.no_grad():
+            self.emb.weight.mul_(0.3)
+
+    def forward(self, tokens):
+        h = self.norm(self.emb(tokens))
+        logits = h @ self.emb.weight.t()
+        if self.also_read:  # the logits' gradient also feeds a second use of the weight
+            logits = logits + (h[..., :1] * self.emb.weight[:, 0])
+        return logits.reshape(-1, logits.shape[-1])
+
+
+def _tokens(batch: int, length: int, vocab: int, seed: int) -> torch.Tensor:
+    t = torch.randint(0, vocab, (batch, length), generator=torch.Generator().manual_seed(seed))
+    t[0, : length // 2] = 7  # repeated rows: the scatter accumulates
+    return t
+
+
+def _scatter_then_add(x, idx, v):
+    return x + aten.index_put(torch.zeros_like(x), [idx], v, True)
+
+
+def _graph(fn, *args):
+    return make_fx(fn, tracing_mode="fake")(*args)
+
+
+def _calls(gm, target):
+    return [n for n in gm.graph.nodes if n.op == "call_function" and n.target is target]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_scatter_into_zeros_then_add_becomes_one_accumulating_index_put(dtype):
+    x = torch.randn(203, 37, dtype=dtype)
+    idx = torch.tensor([5, 0, 202, 5, 5, 17])
+    v = torch.randn(6, 37, dtype=dtype)
+    gm = _graph(_scatter_then_add, x, idx, v)
+    fused = fusions.apply(gm)
+    assert fused is not gm
+    assert not _calls(fused, aten.add.Tensor), fused.code
+    (put,) = _calls(fused, aten.index_put.default)
+    assert put.args[0].op == "placeholder"  # into x itself, no zeros
+    ref = _scatter_then_add(x.double(), idx, v.double())
+    assert_close(fused(x, idx, v), ref.to(dtype), "fused")
+    assert_close(gm(x, idx, v), fused(x, idx, v), "fused against unfused")
+
+
+@pytest.mark.parametrize("case", ["bfloat16", "not_zeros", "broadcast_add", "no_accumulate", "zeros_read_twice"])
+def test_scatter_then_add_is_left_alone(case):
+    """The rewrite holds only where it is an identity with the same rounding."""
+    dtype = torch.bfloat16 if case == "bfloat16" else torch.float32
+    x = torch.randn(40, 9, dtype=dtype)
+    idx = torch.tensor([3, 3, 1])
+    v = torch.randn(3, 9, dtype=dtype)
+    fns = {
+        "bfloat16": _scatter_then_add,
+        "not_zeros": lambda x, i, v: x + aten.index_put(torch.ones_like(x), [i], v, True),
+        "broadcast_add": lambda x, i, v: x[:1] + aten.index_put(torch.zeros_like(x), [i], v, True),
+        "no_accumulate": lambda x, i, v: x + aten.index_put(torch.zeros_like(x), [i], v, False),
+        "zeros_read_twice": lambda x, i, v: (lambda z: (x + aten.index_put(z, [i], v, True), z))(torch.zeros_like(x)),
+    }
+    gm = _graph(fns[case], x, idx, v)
+    assert fusions.apply(gm) is gm
+
+
+@pytest.mark.parametrize("shape", [(1003, 90, 3, 37), (4099, 130, 2, 71)])
+@pytest.mark.parametrize("also_read", [False, True])
+def test_tied_embedding_training_matches_eager(shape, also_read, monkeypatch, caplog):
+    """Several steps (the first call of a module passes copies; later ones donate the ATen
+    matmul's result to the scatter), odd sizes, repeated tokens. Matmuls go to ATen, so
+    that the projection's gradient reaches the scatter as an ATen result. With `also_read`
+    a second use of the weight adds to that gradient in IREE first: nothing to donate."""
+    monkeypatch.setenv("BOO_ATEN_MATMUL", "1")
+    vocab, width, batch, length = shape
+    torch.manual_seed(0)
+    model = TiedLM(vocab, width, also_read)
+    batches = [(_tokens(batch, length, vocab, s), _tokens(batch, length, vocab, s + 10).reshape(-1)) for s in range(3)]
+    boo_backend.reset()
+    with caplog.at_level(logging.DEBUG, logger="boo_backend"):
+        compare_training(model, batches, F.cross_entropy, steps=4)
+    donated = [r.getMessage() for r in caplog.records if "passed without a copy" in r.getMessage()]
+    assert bool(donated) == (not also_read), donated
+    assert all(p.island == 0 for p in boo_backend.placements())
+
+
+def test_donated_argument_is_never_a_callers_tensor(monkeypatch):
+    """In a graph cut around an ATen matmul, a graph input that the module scatters into
+    stays as the caller had it, call after call."""
+    monkeypatch.setenv("BOO_ATEN_MATMUL", "1")
+    boo_backend.reset()
+
+    def fn(x, idx, v, a, b):
+        return aten.index_put(x, [idx], v, True) + (a @ b).sum()
+
+    x, a, b = torch.randn(300, 33), torch.randn(40, 50), torch.randn(50, 33)
+    keep = x.clone()
+    idx = torch.tensor([1, 1, 299])
+    v = torch.randn(3, 33)
+    compiled = torch.compile(fn, backend="boo")
+    for _ in range(3):
+        out = compiled(x, idx, v, a, b)
+        assert_close(out, fn(keep, idx, v, a, b), "out")
+        assert torch.equal(x, keep)
+    assert all(p.aten > 0 for p in boo_backend.placements())
