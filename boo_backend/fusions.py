@@ -18,14 +18,15 @@ dear: a new tensor of that size costs 55 ms of page faults on the AVX2 machines 
 from __future__ import annotations
 
 import copy
+import logging
 
 import torch
 import torch.fx as fx
-from torch._guards import detect_fake_mode
 
 from .composites import same
 
 aten = torch.ops.aten
+log = logging.getLogger("boo_backend")
 
 _EXACT = (torch.float32, torch.float64)
 
@@ -54,25 +55,18 @@ def _is_zeros(node) -> bool:
     return False
 
 
-class _Builder:
-    """Inserts call_function nodes before `anchor`, each with its value computed on the
-    graph's fake tensors and the anchor's other metadata (source location, module stack)."""
-
-    def __init__(self, graph: fx.Graph, anchor: fx.Node, mode):
-        self.graph, self.anchor, self.mode = graph, anchor, mode
-        self.meta = {k: v for k, v in anchor.meta.items() if k not in ("val", "tensor_meta")}
-
-    def __call__(self, target, *args, **kwargs) -> fx.Node:
-        with self.graph.inserting_before(self.anchor):
-            node = self.graph.call_function(target, args, kwargs)
-        node.meta = copy.copy(self.meta)
-        values = fx.node.map_arg((args, kwargs), _val)
-        with self.mode:
-            node.meta["val"] = target(*values[0], **values[1])
-        return node
+def _insert(graph: fx.Graph, anchor: fx.Node, target, args: tuple, value) -> fx.Node:
+    """A call of `target` before `anchor`, with `anchor`'s metadata (source location, module
+    stack) and `value` as its result's value. The value is given, not computed: on symbolic
+    sizes, computing it could add guards to the shape environment."""
+    with graph.inserting_before(anchor):
+        node = graph.call_function(target, args)
+    node.meta = {**anchor.meta, "val": value}
+    node.meta.pop("tensor_meta", None)
+    return node
 
 
-def _accumulate_into(graph: fx.Graph, add: fx.Node, mode) -> bool:
+def _accumulate_into(graph: fx.Graph, add: fx.Node) -> bool:
     if add.target is not aten.add.Tensor or len(add.args) != 2 or add.kwargs.get("alpha", 1) != 1:
         return False
     out = _val(add)
@@ -87,8 +81,8 @@ def _accumulate_into(graph: fx.Graph, add: fx.Node, mode) -> bool:
         x = _val(other)
         if not (isinstance(x, torch.Tensor) and x.dtype == out.dtype == _val(put).dtype and same(x.shape, out.shape)):
             continue
-        node = _Builder(graph, add, mode)(aten.index_put.default, other, put.args[1], put.args[2], True)
-        node.meta["val"] = out  # the add's layout, which the graph's users were traced with
+        # The add's value: the layout the graph's users were traced with.
+        node = _insert(graph, add, aten.index_put.default, (other, put.args[1], put.args[2], True), out)
         add.replace_all_uses_with(node)
         return True
     return False
@@ -100,20 +94,15 @@ _REWRITES = (_accumulate_into,)
 def apply(gm: fx.GraphModule) -> fx.GraphModule:
     """`gm`, or a rewritten copy of it where a chain above is found."""
     nodes = gm.graph.nodes
-    if not any(n.op == "call_function" and n.target is aten.add.Tensor
-               for n in nodes):
-        return gm
-    mode = detect_fake_mode([n.meta.get("val") for n in nodes if n.op == "placeholder"])
-    if mode is None:  # values that are not fake tensors: nothing to compute new ones with
-        return gm
+    if not any(n.op == "call_function" and n.target is aten.index_put.default for n in nodes):
+        return gm  # (copying a large graph to find nothing would cost more than the search)
     copied = fx.GraphModule(gm, copy.deepcopy(gm.graph))
     graph = copied.graph
-    changed = False
-    for node in list(graph.nodes):
-        if node.op == "call_function" and any(rewrite(graph, node, mode) for rewrite in _REWRITES):
-            changed = True
+    changed = [node.name for node in list(graph.nodes)
+               if node.op == "call_function" and any(rewrite(graph, node) for rewrite in _REWRITES)]
     if not changed:
         return gm
+    log.debug("boo: fused the chains ending in %s", ", ".join(changed))
     graph.eliminate_dead_code()
     graph.lint()
     copied.recompile()
