@@ -13,6 +13,13 @@ dear: a new tensor of that size costs 55 ms of page faults on the AVX2 machines 
   backward scatters its rows into zeros. With tied weights (GPT-2's lm_head), AOTAutograd
   then adds the projection's gradient. The rewrite drops a zeroed tensor and a pass. Only
   for float32 and float64: in half precision the sum would be rounded in a different order.
+- **Cross-entropy's backward** (`_cross_entropy_backward`): nll_loss_backward decomposes to
+  `G = scatter(zeros, d, target, c) * w`, one value per row (`w` broadcasts along `d`), and
+  `_log_softmax_backward_data(G, out, d)` is `G - exp(out) * sum(G, d)`. The row sum is
+  `c * w`, so the result is `c * w * (onehot(target) - exp(out))`: one elementwise pass
+  that reads `out` and writes the gradient, where IREE wrote the zeros, the scatter and the
+  product, then reduced them. GPT-2's [512, 50257] logits: 223 ms became 138 ms
+  (iree-benchmark-module, AVX2). Static sizes, float32 and float64 only.
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ import logging
 
 import torch
 import torch.fx as fx
+from torch._guards import detect_fake_mode
 
 from .composites import same
 
@@ -55,12 +63,12 @@ def _is_zeros(node) -> bool:
     return False
 
 
-def _insert(graph: fx.Graph, anchor: fx.Node, target, args: tuple, value) -> fx.Node:
+def _insert(graph: fx.Graph, anchor: fx.Node, target, args: tuple, value, kwargs: dict | None = None) -> fx.Node:
     """A call of `target` before `anchor`, with `anchor`'s metadata (source location, module
     stack) and `value` as its result's value. The value is given, not computed: on symbolic
     sizes, computing it could add guards to the shape environment."""
     with graph.inserting_before(anchor):
-        node = graph.call_function(target, args)
+        node = graph.call_function(target, args, kwargs or {})
     node.meta = {**anchor.meta, "val": value}
     node.meta.pop("tensor_meta", None)
     return node
@@ -88,13 +96,79 @@ def _accumulate_into(graph: fx.Graph, add: fx.Node) -> bool:
     return False
 
 
-_REWRITES = (_accumulate_into,)
+def _one_value_per_row(grad, out: torch.Tensor, dim: int):
+    """(index, c, w) when `grad` is `scatter(zeros, dim, index, c)` (one index per row),
+    times `w` (None if absent) whose size along `dim` is 1, each read only by the next
+    node; None otherwise. Then each row of `grad` holds one nonzero value, `c * w`."""
+    scale = None
+    if grad.target is aten.mul.Tensor and len(grad.args) == 2 and tuple(_val(grad).shape) == tuple(out.shape):
+        for s, w in (grad.args, tuple(reversed(grad.args))):
+            wv = _val(w)
+            if (isinstance(s, fx.Node) and s.target is aten.scatter.value and _only_user(s, grad)
+                    and isinstance(wv, torch.Tensor) and wv.dtype == out.dtype and wv.dim() == out.dim()
+                    and wv.shape[dim] == 1):
+                grad, scale = s, w
+                break
+        else:
+            return None
+    if grad.target is not aten.scatter.value or len(grad.args) != 4:
+        return None
+    zeros, d, index, c = grad.args
+    iv = _val(index)
+    rows = list(out.shape)
+    rows[dim] = 1
+    if not (_is_zeros(zeros) and _only_user(zeros, grad) and isinstance(c, (int, float)) and not isinstance(c, bool)
+            and isinstance(d, int) and d % out.dim() == dim and isinstance(iv, torch.Tensor)
+            and tuple(_val(zeros).shape) == tuple(out.shape) and list(iv.shape) == rows):
+        return None
+    return index, c, scale
+
+
+def _cross_entropy_backward(graph: fx.Graph, node: fx.Node) -> bool:
+    if node.target is not aten._log_softmax_backward_data.default or len(node.args) != 4:
+        return False
+    grad, out_node, dim, input_dtype = node.args
+    out = _val(out_node)
+    if not (isinstance(grad, fx.Node) and _only_user(grad, node) and isinstance(out, torch.Tensor)
+            and out.dim() >= 1 and out.dtype in _EXACT and _val(grad).dtype == out.dtype == input_dtype
+            and isinstance(dim, int) and all(isinstance(n, int) for n in out.shape)):
+        return False  # symbolic sizes: the new nodes' values would be computed on them
+    dim %= out.dim()
+    found = _one_value_per_row(grad, out, dim)
+    if found is None:
+        return False
+    index, c, scale = found
+    mode = detect_fake_mode([out])
+    if mode is None:
+        return False
+
+    def call(target, *args, **kwargs) -> fx.Node:
+        values = fx.node.map_arg((args, kwargs), _val)
+        with mode:
+            value = target(*values[0], **values[1])
+        return _insert(graph, node, target, args, value, kwargs)
+
+    shape = [1] * out.dim()
+    shape[dim] = out.shape[dim]
+    iota = call(aten.view.default, call(aten.arange.default, out.shape[dim], dtype=_val(index).dtype,
+                                        device=out.device), shape)
+    minus = call(aten.neg.default, call(aten.exp.default, out_node))
+    rows = call(aten.where.self, call(aten.eq.Tensor, iota, index), call(aten.add.Tensor, minus, 1), minus)
+    per_row = c if scale is None else call(aten.mul.Tensor, scale, c)
+    result = call(aten.mul.Tensor, rows, per_row)  # c * w * (onehot - exp(out))
+    result.meta["val"] = _val(node)
+    node.replace_all_uses_with(result)
+    return True
+
+
+_REWRITES = (_accumulate_into, _cross_entropy_backward)
 
 
 def apply(gm: fx.GraphModule) -> fx.GraphModule:
     """`gm`, or a rewritten copy of it where a chain above is found."""
     nodes = gm.graph.nodes
-    if not any(n.op == "call_function" and n.target is aten.index_put.default for n in nodes):
+    if not any(n.op == "call_function" and n.target in (aten.index_put.default, aten._log_softmax_backward_data.default)
+               for n in nodes):
         return gm  # (copying a large graph to find nothing would cost more than the search)
     copied = fx.GraphModule(gm, copy.deepcopy(gm.graph))
     graph = copied.graph

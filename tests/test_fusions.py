@@ -151,3 +151,74 @@ def test_tied_embedding_with_dynamic_sizes_matches_eager(monkeypatch, caplog):
     assert all(p.island == 0 for p in boo_backend.placements())
     said = [r.getMessage() for r in caplog.records]
     assert any("fused the chains" in m for m in said) and any("passed without a copy" in m for m in said)
+
+
+def _nll_then_log_softmax_backward(out, idx, w):
+    grad = aten.scatter.value(torch.zeros_like(out), 1, idx, -1.0) * w
+    return aten._log_softmax_backward_data.default(grad, out, 1, out.dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_cross_entropy_backward_becomes_one_elementwise_pass(dtype):
+    torch.manual_seed(0)
+    out = torch.log_softmax(torch.randn(67, 1031, dtype=torch.float64) * 3, 1)
+    idx = torch.randint(0, 1031, (67, 1))
+    w = torch.where(torch.rand(67, 1) < 0.2, 0.0, torch.rand(67, 1) + 0.5).to(torch.float64)  # ignored rows: 0
+    gm = _graph(_nll_then_log_softmax_backward, out.to(dtype), idx, w.to(dtype))
+    fused = fusions.apply(gm)
+    assert fused is not gm
+    left = {n.target for n in fused.graph.nodes if n.op == "call_function"}
+    assert aten.scatter.value not in left and aten._log_softmax_backward_data.default not in left, fused.code
+    ref = _nll_then_log_softmax_backward(out, idx, w)
+    assert_close(fused(out.to(dtype), idx, w.to(dtype)), ref.to(dtype), "fused")
+
+
+@pytest.mark.parametrize("case", ["bfloat16", "weight_per_class", "two_per_row"])
+def test_cross_entropy_backward_left_alone(case):
+    dtype = torch.bfloat16 if case == "bfloat16" else torch.float32
+    out = torch.log_softmax(torch.randn(9, 13), 1).to(dtype)
+    idx = torch.randint(0, 13, (9, 2 if case == "two_per_row" else 1))
+    w = torch.rand(1, 13) if case == "weight_per_class" else torch.rand(9, 1)
+    gm = _graph(_nll_then_log_softmax_backward, out, idx, w.to(dtype))
+    assert fusions.apply(gm) is gm
+
+
+class _WithLoss(nn.Module):
+    def __init__(self, reduction: str):
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(48, 96), nn.GELU(), nn.Linear(96, 1031))
+        self.reduction = reduction
+
+    def forward(self, x, y):
+        return F.cross_entropy(self.net(x), y, reduction=self.reduction)
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+def test_cross_entropy_training_with_ignored_targets_matches_eager(reduction, caplog):
+    """A classifier over 1031 classes with its F.cross_entropy inside the compiled module, a
+    fifth of the targets ignored (-100), in strict mode, several SGD steps."""
+    torch.manual_seed(0)
+    ours, ref = _WithLoss(reduction), _WithLoss(reduction)
+    ref.load_state_dict(ours.state_dict())
+    run = torch.compile(ours, backend="boo")
+    boo_backend.reset()
+    caplog.set_level(logging.DEBUG, logger="boo_backend")
+    for step in range(3):
+        x = torch.randn(77, 48, generator=torch.Generator().manual_seed(step))
+        y = torch.randint(0, 1031, (77,), generator=torch.Generator().manual_seed(step + 9))
+        y[::5] = -100
+        losses = []
+        for module, call in ((ours, run), (ref, ref)):
+            module.zero_grad()
+            loss = call(x, y)
+            loss.backward()
+            losses.append(loss.detach())
+        assert_close(losses[0], losses[1], f"loss at step {step}")
+        for (name, p), q in zip(ours.named_parameters(), ref.parameters()):
+            assert_close(p.grad, q.grad, f"grad of {name} at step {step}")
+        with torch.no_grad():
+            for p, q in zip(ours.parameters(), ref.parameters()):
+                p -= 0.1 * p.grad
+                q -= 0.1 * q.grad
+    assert any("fused the chains ending in _log_softmax_backward_data" in r.getMessage() for r in caplog.records)
+    assert all(p.island == 0 for p in boo_backend.placements())
