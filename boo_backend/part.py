@@ -222,8 +222,10 @@ def donate(outer):
         if not isinstance(part, IreePart) or part.function is None or not part.lowered.writes:
             continue
         written = {part.lowered.inputs[j][1] for j in part.lowered.writes if part.lowered.inputs[j][0] == "arg"}
+        # An argument the part also returns (as itself or a view) must keep its old values.
+        returned = {v[0] if k == "view" else v for k, v in part.lowered.outputs if k in ("view", "arg")}
         donated = frozenset(
-            v for v in written
+            v for v in written - returned
             if v < len(node.args)
             and node.args.count(node.args[v]) == 1 and _owned(outer, node.args[v])
         )
