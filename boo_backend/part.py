@@ -119,16 +119,15 @@ class IreePart(torch.nn.Module):
         return found
 
     def forward(self, *args, donated: frozenset[int] = frozenset()):
-        """`donated`: positions in `args` of tensors that are dead after this call (see
-        Donating)."""
+        """`donated`: positions in IREE's arguments (`lowered.inputs`) of tensors that are
+        dead after this call (see Donating)."""
         low = self.lowered
         results: list = []
         restride, sizes = self._concrete(args) if self._sizes else ((), {})
         if self.function is not None:
             inputs = self._inputs_for(args) if self._consts_moved else low.inputs
             tensors = [args[v] if k == "arg" else v for k, v in inputs]
-            given = frozenset(j for j, (k, v) in enumerate(inputs) if k == "arg" and v in donated) if donated else donated
-            results = self.function(tensors, len(low.result_layouts), given)
+            results = self.function(tensors, len(low.result_layouts), donated)
             for j, dtype in self.retype:
                 results[j] = results[j].view(dtype)
             for j, shape, stride in (*self.restride, *restride):
@@ -143,7 +142,7 @@ class IreePart(torch.nn.Module):
 
 class Donating(torch.nn.Module):
     """One call site of an IreePart (parts are shared between repeated blocks) whose
-    arguments at positions `donated` are dead after the call and fresh: an ATen matmul's
+    arguments at positions `donated` (of IREE's arguments) are dead after the call and fresh: an ATen matmul's
     result that nothing else reads. A module that writes into an argument (index_put,
     scatter: `Lowered.writes`) then gets such a tensor as it is, not a copy. An embedding's
     backward with tied weights scatters into the projection's gradient, 154 MB for GPT-2."""
@@ -215,18 +214,18 @@ def donate(outer):
     """`outer` (a graph cut into parts, or one IreePart) with each call of an IreePart that
     writes into an argument (Lowered.writes) and gets, there, a fresh ATen result read by
     nothing else, made a Donating call site: no copy of that argument per call."""
-    if not isinstance(outer, fx.GraphModule) or isinstance(outer, IreePart):
+    if not isinstance(outer, fx.GraphModule):
         return outer
     for node in outer.graph.nodes:
         part = getattr(outer, node.target, None) if node.op == "call_module" else None
         if not isinstance(part, IreePart) or part.function is None or not part.lowered.writes:
             continue
-        written = {part.lowered.inputs[j][1] for j in part.lowered.writes if part.lowered.inputs[j][0] == "arg"}
+        low = part.lowered
         # An argument the part also returns (as itself or a view) must keep its old values.
-        returned = {v[0] if k == "view" else v for k, v in part.lowered.outputs if k in ("view", "arg")}
+        returned = {v[0] if k == "view" else v for k, v in low.outputs if k in ("view", "arg")}
         donated = frozenset(
-            v for v in written - returned
-            if v < len(node.args)
+            j for j in low.writes
+            if low.inputs[j][0] == "arg" and (v := low.inputs[j][1]) not in returned and v < len(node.args)
             and node.args.count(node.args[v]) == 1 and _owned(outer, node.args[v])
         )
         if donated:
