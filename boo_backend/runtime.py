@@ -118,21 +118,28 @@ class _Loaded:
     def run(self, passed: list, num_results: int, sync: bool) -> list[torch.Tensor]:
         args = _arguments(self.device, passed)
         if self.queue is not None:
-            return self.queue.export(self.queue.invoke(self.context, self.function, args, num_results, sync))
-        results = rt.VmVariantList(num_results)
-        self.context.invoke(self.function, args, results)
-        return [gpu.export_tensor(self.device, results.get_as_object(i, rt.HalBufferView), gpu.DLPACK_CPU, 0)
-                for i in range(len(results))]
+            out = self.queue.export(self.queue.invoke(self.context, self.function, args, num_results, sync))
+        else:
+            results = rt.VmVariantList(num_results)
+            self.context.invoke(self.function, args, results)
+            out = [gpu.export_tensor(self.device, results.get_as_object(i, rt.HalBufferView), gpu.DLPACK_CPU, 0)
+                   for i in range(len(results))]
+        return _out_of_pool(out, _spans(passed)) if self.pooled else out
 
 
 # IREE 3.13's local-task device takes results from a growable pool of 64 MiB slabs. A result
 # that torch frees after later calls have allocated (an activation kept for the backward, a
 # gradient the optimizer reads) returns memory the pool does not hand out again: a GPT-2 small
 # training step grew the process by 670 MB a step, a Llama of 8 x 512 by 190 MB, and neither
-# stopped. local-sync allocates each buffer directly and does not grow. So results of a
-# local-task call are copied into torch's memory before the call returns, and the pool gets
-# its block back at once (tests/test_iree_workarounds.py).
+# stopped. local-sync allocates each buffer directly and does not grow; nor do allocations past
+# one slab, which the pool takes from the system and frees on release. So a local-task call's
+# results that sit in a slab are copied into torch's memory before the call returns, and the
+# pool gets its block back at once (_out_of_pool; tests/test_iree_workarounds.py).
 _POOLED = ("local-task",)
+# The pool's slab: a larger allocation comes from the system directly (and goes back to it).
+_SLAB = 64 << 20
+# Bytes of alignment IREE may leave between two results it packs into one allocation.
+_PACK_SLACK = 256
 
 
 # How a CPU module picks its driver when BOO_CPU_DRIVER=auto: after its first call, it is
@@ -299,8 +306,6 @@ class IreeFunction:
             with self._lock, _labelled(self.graph):
                 loaded = self._on_gpu(passed) if self._gpu else self._current
                 out = loaded.run(passed, num_results, self.sync)
-                if loaded.pooled:
-                    out = _out_of_pool(out, spans)
         except gpu.BooDeviceError:
             raise
         except Exception as e:  # IREE reports its runtime errors as IndexError/RuntimeError
@@ -321,17 +326,28 @@ class IreeFunction:
 
 
 def _out_of_pool(results: list[torch.Tensor], spans: list[tuple[int, int, int]]) -> list[torch.Tensor]:
-    """Each result in IREE's memory as a copy in torch's (see _POOLED); a result in an
-    argument's memory (`spans`, from _spans: IREE wrote into it) is not the pool's, so it
-    stays."""
+    """The results, each copied into torch's memory where it sits in a block of the pool
+    (see _POOLED). Not copied: a result in an argument's memory (`spans`, from _spans: IREE
+    wrote into it), and results in an allocation of at least _SLAB bytes, which the pool
+    takes directly from the system and frees when torch does (one result that large, or
+    results IREE packed into one such allocation, end to end)."""
     starts = [s for s, _, _ in spans]
-    out = []
-    for r in results:
+    own = []
+    for i, r in enumerate(results):
         p = r.data_ptr()
         k = bisect.bisect_right(starts, p)
         if r.numel() and not (k and spans[k - 1][1] > p):
-            r = torch.empty_like(r).copy_(r)
-        out.append(r)
+            own.append((p, p + r.numel() * r.element_size(), i))
+    if not own:
+        return results
+    low, high = min(s for s, _, _ in own), max(e for _, e, _ in own)
+    size = sum(e - s for s, e, _ in own)
+    if high - low >= _SLAB and high - low <= size + _PACK_SLACK * len(own):
+        return results  # one packed allocation past the slab size
+    out = list(results)
+    for start, end, i in own:
+        if end - start < _SLAB:
+            out[i] = torch.empty_like(results[i]).copy_(results[i])
     return out
 
 

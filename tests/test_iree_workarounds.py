@@ -69,10 +69,12 @@ def test_matmul_with_two_equal_dynamic_dims_on_the_default_data_tiling_path(tmp_
     assert _worst_error(target, tmp_path) < 1e-5
 
 
-def _pool_growth_mb(tmp_path) -> float:
-    """How much the process grows (MB) over 450 local-task calls whose results torch frees
-    in a random order, a few dozen calls later (as a training step frees its activations
-    and gradients), after 150 calls that fill the working set."""
+def _pool_growth_mb(tmp_path, lengths=(512 * 1024, 3 * 1000 * 1000, 700 * 1024, 2 * 1024 * 1024 + 17),
+                    calls: int = 600) -> float:
+    """How much the process grows (MB) over the last three quarters of `calls` local-task
+    calls whose results torch frees in a random order, a few dozen calls later (as a
+    training step frees its activations and gradients); the first quarter fills the
+    working set."""
     from torch.fx.experimental.proxy_tensor import make_fx
 
     from boo_backend.lower import lower
@@ -80,7 +82,7 @@ def _pool_growth_mb(tmp_path) -> float:
     target = parse_target("llvm-cpu")
     cache = CompileCache(tmp_path, enabled=False)
     functions = []
-    for n in (512 * 1024, 3 * 1000 * 1000, 700 * 1024, 2 * 1024 * 1024 + 17):
+    for n in lengths:
         x = torch.randn(n)
         graph = make_fx(lambda a: (a * 2, (a + 1).exp(), a.sum()), tracing_mode="fake")(x)
         vmfb = compile_mlir(lower(graph).mlir, target, cache)
@@ -93,8 +95,8 @@ def _pool_growth_mb(tmp_path) -> float:
     rng = np.random.default_rng(0)
     held: list = []
     start = 0.0
-    for call in range(600):
-        if call == 150:
+    for call in range(calls):
+        if call == calls // 4:
             start = rss_mb()
         function, x = functions[rng.integers(len(functions))]
         for r in function([x], 3):
@@ -115,3 +117,32 @@ def test_local_task_pool_without_the_copy_grows(tmp_path, monkeypatch):
 
     monkeypatch.setattr(runtime, "_POOLED", ())
     assert _pool_growth_mb(tmp_path) < 400  # without the copy: about 2 GB
+
+
+def test_results_past_the_slab_are_not_copied_and_do_not_grow_the_process(tmp_path, monkeypatch):
+    """Results that IREE packs into one allocation past the pool's 64 MiB slab come from the
+    system directly and go back to it: no copy is needed (nor made) for them."""
+    import boo_backend.runtime as runtime
+
+    monkeypatch.setattr(runtime, "_POOLED", ())  # IREE's own behaviour, no copies
+    assert _pool_growth_mb(tmp_path, (9 * 1000 * 1000, 17 * 1000 * 1000 + 5), calls=200) < 400
+
+
+def test_out_of_pool_copies_only_what_sits_in_the_pool():
+    import boo_backend.runtime as runtime
+
+    packed = torch.randn(9 * 1000 * 1000 * 2)  # 72 MB: two results, end to end
+    big = [packed[: 9 * 1000 * 1000], packed[9 * 1000 * 1000:]]
+    out = runtime._out_of_pool(list(big), [])
+    assert all(a is b for a, b in zip(out, big))
+
+    arg = torch.randn(1000)
+    small = torch.randn(1000)
+    out = runtime._out_of_pool([arg, small, torch.empty(0)], runtime._spans([arg]))
+    assert out[0] is arg and out[2].numel() == 0  # IREE wrote into its argument: not the pool's
+    assert out[1] is not small and out[1].data_ptr() != small.data_ptr()
+    torch.testing.assert_close(out[1], small)
+
+    apart = [torch.randn(40 << 18), torch.randn(40 << 18)]  # 40 MB each, two allocations
+    out = runtime._out_of_pool(list(apart), [])
+    assert all(o.data_ptr() != a.data_ptr() for o, a in zip(out, apart))
