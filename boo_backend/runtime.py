@@ -1,12 +1,11 @@
 """Run compiled IREE modules on torch tensors, passing buffers both ways through DLPack.
 
-Imports gpu (devices, fences and ordering for GPU modules), compile (for Target) and config
-from boo_backend.
+Imports gpu (devices, fences and ordering for GPU modules), memory (which tensors share
+memory, and which results leave IREE's pool), compile (for Target) and config from boo_backend.
 """
 
 from __future__ import annotations
 
-import bisect
 import contextlib
 import functools
 import logging
@@ -17,7 +16,7 @@ import time
 import iree.runtime as rt
 import torch
 
-from . import gpu
+from . import gpu, memory
 from .cache import timed
 from .compile import Target
 from .config import BooError
@@ -75,32 +74,10 @@ def _elsewhere(tensors: list, on_gpu: bool) -> torch.device | None:
     return first
 
 
-def _spans(tensors: list[torch.Tensor]) -> list[tuple[int, int, int]]:
-    """(start, end, index) of each non-empty tensor's memory, in address order."""
-    spans = []
-    for i, t in enumerate(tensors):
-        n = t.numel() if isinstance(t, torch.Tensor) else 0
-        if n:
-            p = t.data_ptr()
-            spans.append((p, p + n * t.element_size(), i))
-    spans.sort()
-    return spans
-
-
-def _overlapping(spans: list[tuple[int, int, int]]) -> list[int]:
-    """Indices of the spans that overlap an earlier one in address order."""
-    reach, hit = 0, []
-    for start, end, i in spans:
-        if start < reach:
-            hit.append(i)
-        reach = max(reach, end)
-    return hit
-
-
 class _Loaded:
     """The module loaded on one HAL device: its context and `main`, and for a module that
     takes fences (every GPU module), the gpu.Queue that supplies them. `pooled`: the device
-    hands out results from a pool that must get them back soon (see _POOLED)."""
+    hands out results from a pool that must get them back soon (see memory.POOLED)."""
 
     def __init__(self, module: rt.VmModule, device: rt.HalDevice, name: str, graph: str,
                  queue: "gpu.Queue | None" = None, pooled: bool = False):
@@ -124,22 +101,7 @@ class _Loaded:
             self.context.invoke(self.function, args, results)
             out = [gpu.export_tensor(self.device, results.get_as_object(i, rt.HalBufferView), gpu.DLPACK_CPU, 0)
                    for i in range(len(results))]
-        return _out_of_pool(out, _spans(passed)) if self.pooled else out
-
-
-# IREE 3.13's local-task device takes results from a growable pool of 64 MiB slabs. A result
-# that torch frees after later calls have allocated (an activation kept for the backward, a
-# gradient the optimizer reads) returns memory the pool does not hand out again: a GPT-2 small
-# training step grew the process by 670 MB a step, a Llama of 8 x 512 by 190 MB, and neither
-# stopped. local-sync allocates each buffer directly and does not grow; nor do allocations past
-# one slab, which the pool takes from the system and frees on release. So a local-task call's
-# results that sit in a slab are copied into torch's memory before the call returns, and the
-# pool gets its block back at once (_out_of_pool; tests/test_iree_workarounds.py).
-_POOLED = ("local-task",)
-# The pool's slab: a larger allocation comes from the system directly (and goes back to it).
-_SLAB = 64 << 20
-# Bytes of alignment IREE may leave between two results it packs into one allocation.
-_PACK_SLACK = 256
+        return memory.out_of_pool(out, memory.spans(passed)) if self.pooled else out
 
 
 # How a CPU module picks its driver when BOO_CPU_DRIVER=auto: after its first call, it is
@@ -202,7 +164,7 @@ class IreeFunction:
             # A fenced CPU target (tests) runs the GPU calling convention on the CPU.
             queue = gpu.Queue(device, gpu.DLPACK_CPU, 0, host_wait=True) if self.target.fenced else None
             self._loaded[driver] = _Loaded(self._module, device, self._name, self.graph, queue,
-                                           pooled=driver in _POOLED)
+                                           pooled=driver in memory.POOLED)
         return self._loaded[driver]
 
     def _use(self, driver: str) -> None:
@@ -227,13 +189,13 @@ class IreeFunction:
         if not self._checked:
             donated = frozenset()
         passed = [_importable(t, i in self.writes and i not in donated, device) for i, t in enumerate(tensors)]
-        spans = _spans(passed)
+        spans = memory.spans(passed)
         if len(spans) > 1:
-            shared = _overlapping(spans)
+            shared = memory.overlapping(spans)
             if shared:
                 for i in shared:
                     passed[i] = _importable(passed[i], True, device)
-                spans = _spans(passed)
+                spans = memory.spans(passed)
         if not self._checked:
             return self._first_call(tensors, passed, spans, num_results)
         return self._invoke(tensors, passed, spans, num_results, donated)
@@ -255,7 +217,7 @@ class IreeFunction:
             zero_copy = []
         before = {i: tensors[i].clone() for i in zero_copy}
         results = self._invoke(tensors, passed, spans, num_results)
-        written = {i for i in zero_copy if not _same_bits(before[i], tensors[i])}
+        written = {i for i in zero_copy if not memory.same_bits(before[i], tensors[i])}
         self._checked = True
         if not written:
             return results
@@ -322,33 +284,7 @@ class IreeFunction:
             out = [r.to(home) for r in out]
         # Only memory the caller still reads matters: a copy made for this call (an argument
         # IREE writes into) and a donated tensor are no one else's, so a result there is fresh.
-        return _unalias(out, [s for s in spans if passed[s[2]] is tensors[s[2]] and s[2] not in donated])
-
-
-def _out_of_pool(results: list[torch.Tensor], spans: list[tuple[int, int, int]]) -> list[torch.Tensor]:
-    """The results, each copied into torch's memory where it sits in a block of the pool
-    (see _POOLED). Not copied: a result in an argument's memory (`spans`, from _spans: IREE
-    wrote into it), and results in an allocation of at least _SLAB bytes, which the pool
-    takes directly from the system and frees when torch does (one result that large, or
-    results IREE packed into one such allocation, end to end)."""
-    starts = [s for s, _, _ in spans]
-    own = []
-    for i, r in enumerate(results):
-        p = r.data_ptr()
-        k = bisect.bisect_right(starts, p)
-        if r.numel() and not (k and spans[k - 1][1] > p):
-            own.append((p, p + r.numel() * r.element_size(), i))
-    if not own:
-        return results
-    low, high = min(s for s, _, _ in own), max(e for _, e, _ in own)
-    size = sum(e - s for s, e, _ in own)
-    if high - low >= _SLAB and high - low <= size + _PACK_SLACK * len(own):
-        return results  # one packed allocation past the slab size
-    out = list(results)
-    for start, end, i in own:
-        if end - start < _SLAB:
-            out[i] = torch.empty_like(results[i]).copy_(results[i])
-    return out
+        return memory.unalias(out, [s for s in spans if passed[s[2]] is tensors[s[2]] and s[2] not in donated])
 
 
 def _labelled(graph: str):
@@ -381,33 +317,3 @@ def _hint_wait_policy() -> None:
     if torch.get_num_threads() > 1 and os.environ.get("OMP_WAIT_POLICY", "").lower() != "passive":
         log.info("boo: torch's OpenMP threads spin-wait between parallel regions and compete with "
                  "IREE's workers; OMP_WAIT_POLICY=PASSIVE (set before torch is imported) avoids that")
-
-
-def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Bitwise equality (NaNs with the same payload are equal)."""
-    if a.numel() == 0:
-        return True
-    if a.dtype == torch.bool:
-        return torch.equal(a, b)
-    return torch.equal(a.reshape(-1).view(torch.uint8), b.reshape(-1).view(torch.uint8))
-
-
-def _unalias(results: list[torch.Tensor], spans: list[tuple[int, int, int]]) -> list[torch.Tensor]:
-    """IREE may hand back an input's buffer (or one buffer twice) for a result that is a copy
-    in the graph, e.g. `x.clone()`. The graph promised a fresh tensor, so copy those.
-    `spans`: the arguments' memory, from _spans."""
-    starts = [s for s, _, _ in spans]
-    reach, ends = 0, []
-    for _, end, _ in spans:
-        reach = max(reach, end)
-        ends.append(reach)
-    seen: set[int] = set()
-    for i, r in enumerate(results):
-        if not r.numel():
-            continue
-        p = r.data_ptr()
-        k = bisect.bisect_right(starts, p)
-        if p in seen or (k and ends[k - 1] > p):
-            results[i] = r.clone()
-        seen.add(results[i].data_ptr())
-    return results

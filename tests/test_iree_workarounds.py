@@ -113,36 +113,36 @@ def test_local_task_results_freed_late_do_not_grow_the_process(tmp_path):
 
 @pytest.mark.xfail(strict=True, reason="IREE 3.13's local-task pool does not reuse blocks of results freed late")
 def test_local_task_pool_without_the_copy_grows(tmp_path, monkeypatch):
-    import boo_backend.runtime as runtime
+    from boo_backend import memory
 
-    monkeypatch.setattr(runtime, "_POOLED", ())
+    monkeypatch.setattr(memory, "POOLED", ())
     assert _pool_growth_mb(tmp_path) < 400  # without the copy: about 2 GB
 
 
 def test_results_past_the_slab_are_not_copied_and_do_not_grow_the_process(tmp_path, monkeypatch):
     """Results that IREE packs into one allocation past the pool's 64 MiB slab come from the
     system directly and go back to it: no copy is needed (nor made) for them."""
-    import boo_backend.runtime as runtime
+    from boo_backend import memory
 
-    monkeypatch.setattr(runtime, "_POOLED", ())  # IREE's own behaviour, no copies
+    monkeypatch.setattr(memory, "POOLED", ())  # IREE's own behaviour, no copies
     assert _pool_growth_mb(tmp_path, (9 * 1000 * 1000, 17 * 1000 * 1000 + 5), calls=200) < 400
 
 
 def test_out_of_pool_copies_only_what_sits_in_the_pool():
-    import boo_backend.runtime as runtime
+    from boo_backend import memory
 
     packed = torch.randn(9 * 1000 * 1000 * 2)  # 72 MB: two results, end to end
     big = [packed[: 9 * 1000 * 1000], packed[9 * 1000 * 1000:]]
-    out = runtime._out_of_pool(list(big), [])
+    out = memory.out_of_pool(list(big), [])
     assert all(a is b for a, b in zip(out, big))
 
     arg = torch.randn(1000)
     small = torch.randn(1000)
-    out = runtime._out_of_pool([arg, small, torch.empty(0)], runtime._spans([arg]))
+    out = memory.out_of_pool([arg, small, torch.empty(0)], memory.spans([arg]))
     assert out[0] is arg and out[2].numel() == 0  # IREE wrote into its argument: not the pool's
     assert out[1] is not small and out[1].data_ptr() != small.data_ptr()
     torch.testing.assert_close(out[1], small)
 
     apart = [torch.randn(40 << 18), torch.randn(40 << 18)]  # 40 MB each, two allocations
-    out = runtime._out_of_pool(list(apart), [])
+    out = memory.out_of_pool(list(apart), [])
     assert all(o.data_ptr() != a.data_ptr() for o, a in zip(out, apart))

@@ -1,0 +1,105 @@
+"""Where tensors' memory lies, for the IREE calls in runtime.py: which arguments share
+memory, which results sit in an argument's memory or in one another's, and which results
+must leave IREE's pool at once.
+
+A leaf: imports nothing from boo_backend.
+"""
+
+from __future__ import annotations
+
+import bisect
+
+import torch
+
+
+def spans(tensors: list[torch.Tensor]) -> list[tuple[int, int, int]]:
+    """(start, end, index) of each non-empty tensor's memory, in address order."""
+    found = []
+    for i, t in enumerate(tensors):
+        n = t.numel() if isinstance(t, torch.Tensor) else 0
+        if n:
+            p = t.data_ptr()
+            found.append((p, p + n * t.element_size(), i))
+    found.sort()
+    return found
+
+
+def overlapping(spans: list[tuple[int, int, int]]) -> list[int]:
+    """Indices of the spans that overlap an earlier one in address order."""
+    reach, hit = 0, []
+    for start, end, i in spans:
+        if start < reach:
+            hit.append(i)
+        reach = max(reach, end)
+    return hit
+
+
+# IREE 3.13's local-task device takes results from a growable pool of 64 MiB slabs. A result
+# that torch frees after later calls have allocated (an activation kept for the backward, a
+# gradient the optimizer reads) returns memory the pool does not hand out again: a GPT-2 small
+# training step grew the process by 670 MB a step, a Llama of 8 x 512 by 190 MB, and neither
+# stopped. local-sync allocates each buffer directly and does not grow; nor do allocations past
+# one slab, which the pool takes from the system and frees on release. So a local-task call's
+# results that sit in a slab are copied into torch's memory before the call returns, and the
+# pool gets its block back at once (out_of_pool; tests/test_iree_workarounds.py).
+POOLED = ("local-task",)
+# The pool's slab: a larger allocation comes from the system directly (and goes back to it).
+SLAB = 64 << 20
+# Bytes of alignment IREE may leave between two results it packs into one allocation.
+PACK_SLACK = 256
+
+
+def out_of_pool(results: list[torch.Tensor], spans: list[tuple[int, int, int]]) -> list[torch.Tensor]:
+    """The results, each copied into torch's memory where it sits in a block of the pool
+    (see POOLED). Not copied: a result in an argument's memory (`spans`, from spans(): IREE
+    wrote into it), and results in an allocation of at least SLAB bytes, which the pool
+    takes directly from the system and frees when torch does (one result that large, or
+    results IREE packed into one such allocation, end to end)."""
+    starts = [s for s, _, _ in spans]
+    own = []
+    for i, r in enumerate(results):
+        p = r.data_ptr()
+        k = bisect.bisect_right(starts, p)
+        if r.numel() and not (k and spans[k - 1][1] > p):
+            own.append((p, p + r.numel() * r.element_size(), i))
+    if not own:
+        return results
+    low, high = min(s for s, _, _ in own), max(e for _, e, _ in own)
+    size = sum(e - s for s, e, _ in own)
+    if high - low >= SLAB and high - low <= size + PACK_SLACK * len(own):
+        return results  # one packed allocation past the slab size
+    out = list(results)
+    for start, end, i in own:
+        if end - start < SLAB:
+            out[i] = torch.empty_like(results[i]).copy_(results[i])
+    return out
+
+
+def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Bitwise equality (NaNs with the same payload are equal)."""
+    if a.numel() == 0:
+        return True
+    if a.dtype == torch.bool:
+        return torch.equal(a, b)
+    return torch.equal(a.reshape(-1).view(torch.uint8), b.reshape(-1).view(torch.uint8))
+
+
+def unalias(results: list[torch.Tensor], spans: list[tuple[int, int, int]]) -> list[torch.Tensor]:
+    """IREE may hand back an input's buffer (or one buffer twice) for a result that is a copy
+    in the graph, e.g. `x.clone()`. The graph promised a fresh tensor, so copy those.
+    `spans`: the arguments' memory, from spans."""
+    starts = [s for s, _, _ in spans]
+    reach, ends = 0, []
+    for _, end, _ in spans:
+        reach = max(reach, end)
+        ends.append(reach)
+    seen: set[int] = set()
+    for i, r in enumerate(results):
+        if not r.numel():
+            continue
+        p = r.data_ptr()
+        k = bisect.bisect_right(starts, p)
+        if p in seen or (k and ends[k - 1] > p):
+            results[i] = r.clone()
+        seen.add(results[i].data_ptr())
+    return results
