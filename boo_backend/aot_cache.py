@@ -119,10 +119,17 @@ def compiler(compile_graph: Callable):
 
 
 def tag(opts: Options) -> str:
-    """What boo adds to AOTAutograd's key: every input to what a hit would give the backend."""
+    """What boo adds to AOTAutograd's key: every input to what a hit would give the backend,
+    the attention kernels torch may pick included (`sdpa_kernel`: the same Dynamo graph
+    becomes the CPU flash ops or the math form, and AOTAutograd's key does not say which)."""
     options = sorted((k, str(v)) for k, v in dataclasses.asdict(opts).items())
-    digest = hashlib.sha256(f"{cache.tool_versions()}|{options}".encode()).hexdigest()[:24]
+    digest = hashlib.sha256(f"{cache.tool_versions()}|{options}|{_attention_kernels()}".encode()).hexdigest()[:24]
     return f"boo:{digest}"
+
+
+def _attention_kernels() -> str:
+    kinds = ("flash", "mem_efficient", "math", "cudnn")
+    return ",".join(k for k in kinds if getattr(torch.backends.cuda, f"{k}_sdp_enabled")())
 
 
 @contextlib.contextmanager

@@ -1,83 +1,36 @@
 """One AOTAutograd graph, compiled and run through IREE: once, with dynamic dimensions, when
 Dynamo traced it with symbolic sizes, else once per concrete input shape.
 
-Imports partition, lower, part, placement, verify, symbolic, diagnose, compile, runtime, cache
-and config from boo_backend.
+Imports assemble (how a graph becomes IREE parts), blocks, saved, partition, lower, part,
+placement, verify, symbolic, diagnose, embed, compile, cache and config from boo_backend.
 """
 
 from __future__ import annotations
 
 import collections
-import copy
 import dataclasses
 import functools
 import logging
-import operator
 import re
 import warnings
 
 import torch
 import torch.fx as fx
 
-from . import blocks, extern, fusions, match, saved, symbolic
-from .cache import CompileCache, timed, write_atomic
-from .compile import (
-    BooCompileError, Target, compile_flags, compile_mlir, computes_in_f64, has_dynamic_dims, precompile,
-    target_for, unconverted_ops,
-)
-from .config import BooError, BooFallbackWarning, BooStrictError, Options
-from .diagnose import Unlowerable, failing_ops, first_error, unlinked_ops
+from . import blocks, saved, symbolic
+from .assemble import Assembly, NotDynamic
+from .cache import CompileCache, timed
+from .compile import Target, compile_mlir, compile_flags, target_for
+from .config import BooFallbackWarning, BooStrictError, Options
+from .diagnose import first_error
 from .embed import mlir_op_name
 from .verify import Verifier
-from .lower import Lowered, lower, unregistered_ops
-from .partition import (
-    Plan, compute_nodes, decomposition_table, fold_empty, is_symbolic, node_places,
-    fold_known_sizes, preparation_table, retrace, retrace_symbolic, wrong_in_iree, split_independent, split_islands,
-)
+from .lower import Lowered
+from .partition import Plan, compute_nodes, is_symbolic
 from .part import IreePart, donate
 from .placement import PLACEMENTS, Placement
-from .runtime import IreeFunction
 
 log = logging.getLogger("boo_backend")
-
-def _output_metas(gm: fx.GraphModule, shapes: bool = True) -> list:
-    out = next(n for n in gm.graph.nodes if n.op == "output").args[0]
-    vals = [a.meta.get("val") if isinstance(a, fx.Node) else a for a in (out if isinstance(out, (tuple, list)) else [out])]
-    return [
-        ((tuple(v.shape) if shapes else v.dim()), v.dtype) if isinstance(v, torch.Tensor)
-        else ("value" if shapes else type(v).__name__.replace("SymInt", "int"))
-        for v in vals
-    ]
-
-
-def _check_same_outputs(before: fx.GraphModule, after: fx.GraphModule, table: dict, symbolic: bool) -> None:
-    """A decomposition must not change what the graph returns (torch._decomp's attention entry,
-    for one, returns probabilities where the log-sum-exp belongs). Symbolic graphs compare
-    ranks and dtypes."""
-    if _output_metas(before, not symbolic) != _output_metas(after, not symbolic):
-        raise BooError(
-            f"boo: decomposing {', '.join(map(str, table))} changed the graph's outputs: "
-            f"ours={_output_metas(after, not symbolic)} | torch={_output_metas(before, not symbolic)}"
-        )
-
-
-def _describe(graph: fx.GraphModule) -> str:
-    """The graph as matched: its code, then one line per node a composite computes."""
-    lines = [graph.print_readable(print_output=False), "", "# composites:"]
-    for node in graph.graph.nodes:
-        call = node.meta.get(match.META_KEY)
-        if call:
-            lines.append(f"#   {node.name}: {call.entry.name} v{call.entry.version} {call.params}")
-    return "\n".join(lines) + "\n"
-
-
-def _copy(gm: fx.GraphModule) -> fx.GraphModule:
-    return fx.GraphModule(gm, copy.deepcopy(gm.graph))
-
-
-class _NotDynamic(Exception):
-    """The graph cannot run as one module for every size; it is compiled per shape instead."""
-
 
 # Factory ops name their device; a module does not depend on it (all its buffers live on the
 # target), so a graph traced on CPU tensors and the same graph traced on CUDA ones share a
@@ -96,19 +49,12 @@ def _say_compile_only(target: str) -> None:
              "the model runs in eager PyTorch", target)
 
 
-class _NotLoaded:
-    """Stands for a module compiled for another target (compile_only): never called."""
-
-    def __call__(self, *args):
-        raise BooError("boo: compile_only modules are not loaded")
-
-
 def _signature(values) -> list[str]:
     """Dtypes, sizes and strides of a call's arguments (or of a graph's symbolic inputs)."""
     return [f"{v.dtype}{tuple(v.shape)}{v.stride()}" if isinstance(v, torch.Tensor) else repr(v) for v in values]
 
 
-class CompiledGraph:
+class CompiledGraph(Assembly):
     """The callable handed back to AOTAutograd (boxed: it takes the argument list).
 
     A graph with symbolic sizes first tries to compile once for all of them (`dynamic`):
@@ -167,7 +113,7 @@ class CompiledGraph:
             try:  # not run, so not checked against eager (see _call_dynamic)
                 self._dynamic_runner = self._build(args, 0, dynamic=True)
                 return
-            except _NotDynamic as e:
+            except NotDynamic as e:
                 log.debug("boo: %s graph %s does not compile with dynamic shapes (%s)", self.kind, self.name, e)
                 self.dynamic = False
         key = self._key(args) if self.symbolic else None
@@ -189,7 +135,7 @@ class CompiledGraph:
         if runner is None:
             try:
                 runner = self._build(args, 0, dynamic=True)
-            except _NotDynamic as e:
+            except NotDynamic as e:
                 log.debug("boo: %s graph %s does not compile with dynamic shapes (%s); compiling it "
                           "once per input shape", self.kind, self.name, e)
                 self.dynamic = False
@@ -253,12 +199,12 @@ class CompiledGraph:
             runner, used, aten, island = self._assemble_until_placed(args, plan, dump, dynamic)
             if env is not None and len(env.guards) > guards:
                 added = ", ".join(str(g.expr) for g in env.guards[guards:])
-                raise _NotDynamic(f"it would need guards Dynamo does not check: {added}")
-        except (BooStrictError, _NotDynamic):
+                raise NotDynamic(f"it would need guards Dynamo does not check: {added}")
+        except (BooStrictError, NotDynamic):
             raise
         except Exception as e:  # anything the compiler stack throws that we cannot attribute
             if dynamic:
-                raise _NotDynamic(first_error(e)) from e
+                raise NotDynamic(first_error(e)) from e
             what = f"{self.kind} graph {name} failed to compile: {first_error(e)}"
             if self.opts.strict:
                 raise BooStrictError(
@@ -339,32 +285,6 @@ class CompiledGraph:
         path.mkdir(parents=True, exist_ok=True)
         return path
 
-    def _assemble_until_placed(self, args: list, plan: Plan, dump, dynamic: bool = False):
-        """Compile; each time the compiler names ops it cannot lower, move them one step
-        down the fallback order (FX decomposition, then eager island) and try again. With
-        dynamic shapes an op is not islanded: the graph is compiled per shape instead."""
-        complex_ = sorted({str(v.dtype) for n in self.gm.graph.nodes
-                           if isinstance(v := n.meta.get("val"), torch.Tensor) and v.is_complex()})
-        if complex_:
-            raise BooError(f"{', '.join(complex_)} tensors are not supported by boo's IREE path")
-        while True:
-            try:
-                return self._assemble(args, plan, dump, dynamic)
-            except Unlowerable as e:
-                changed = False
-                for op in sorted(e.names):
-                    if op not in plan.decompose and not e.final:
-                        plan.decompose.add(op)
-                        log.debug("boo: torch-mlir cannot lower %s; trying its decomposition", op)
-                        changed = True
-                    elif dynamic:
-                        raise _NotDynamic(f"the compiler rejects {op} with symbolic sizes") from e
-                    elif op not in plan.island:
-                        plan.island.add(op)
-                        changed = True
-                if not changed:
-                    raise BooError(f"boo: the compiler still rejects {e} after placing it in an eager island")
-
     def _report_islands(self, plan: Plan, name: str) -> None:
         """One warning per island op, or in strict mode an error naming them."""
         why = ("IREE cannot compute it correctly: torch-mlir has no lowering and no decomposition "
@@ -381,136 +301,3 @@ class CompiledGraph:
                 BooFallbackWarning,
                 stacklevel=4,
             )
-
-    def _prepare(self, args: list, plan: Plan, dynamic: bool) -> fx.GraphModule:
-        """One retrace of the graph: on `args` (concrete sizes) or on its own symbolic inputs
-        when `dynamic`, with the pre-lowering rewrites, the composites' canonical forms and
-        the plan's FX-level decompositions."""
-        decompositions, missing = decomposition_table(plan.decompose - plan.island)
-        plan.island |= missing
-        table = preparation_table(self.gm, decompositions, match.canonical_table(self.opts))
-        if (dynamic or not self.symbolic) and not any(n.target in table for n in compute_nodes(self.gm)):
-            graph = self.gm
-        elif dynamic:
-            graph = retrace_symbolic(self.gm, table)
-            _check_same_outputs(self.gm, graph, decompositions, True)
-        if dynamic:
-            graph = fold_known_sizes(graph if graph is not self.gm else _copy(graph), self._shape_env())
-        else:
-            graph = retrace(self.gm, args, table)
-            _check_same_outputs(self.gm, graph, decompositions, self.symbolic)
-        graph = fusions.apply(fold_empty(graph))
-        plan.island |= {mlir_op_name(n.target) for n in graph.graph.nodes if wrong_in_iree(n)}
-        return graph
-
-    def _assemble(self, args: list, plan: Plan, dump, dynamic: bool):
-        graph = self._prepare(args, plan, dynamic)
-        target = self._target(args)
-        composites = match.apply(graph, self.opts, target.kind)
-        if dump:
-            write_atomic(dump / "graph.txt", _describe(graph))
-        extern_nodes = extern.choose(graph, self.aten_matmul, target, self.cache, self.opts)
-        for node in extern_nodes:  # a composite op left to ATen's kernel is not a composite
-            call = node.meta.pop(match.META_KEY, None)
-            if call is not None:
-                composites.remove(call.entry.name)
-        places = node_places(graph, plan, extern_nodes)
-        aten = sum(p == "aten" and n.target is not operator.getitem for n, p in places.items())
-        island = sum(p == "eager" and n.target is not operator.getitem for n, p in places.items())
-        labels = blocks.group_blocks(graph) if self.opts.blocks else {}
-        cut = split_islands(graph, places, labels) if labels else None
-        if cut is not None and not blocks.repeats_pay(*cut):
-            log.debug("boo %s: its blocks differ too much to share modules; not cut at them", self.name)
-            labels, cut = {}, None
-        if set(places.values()) <= {"iree"} and not labels:
-            try:
-                return self._compile_part(graph, target, dump, "module"), composites, aten, 0
-            except Exception as e:
-                bindings = re.search(r"binding count (\d+) > (\d+)", str(e))
-                if bindings is None:
-                    raise
-                parts = 2 * -(-int(bindings.group(1)) // int(bindings.group(2)))
-                log.info("boo %s: IREE built a dispatch of %s bindings; compiling it as %d modules",
-                         self.name, bindings.group(1), parts)
-                outer, place_of_part = split_independent(graph, parts)
-        else:
-            outer, place_of_part = cut or split_islands(graph, places, labels)
-        # Parts that compute the same thing (the same layer, repeated) share one module; the
-        # distinct ones are lowered first and compiled side by side.
-        distinct: dict[str, tuple[str, Lowered]] = {}
-        keys = {}
-        for sub, place in place_of_part.items():
-            if place == "iree":
-                keys[sub] = blocks.structure_key(getattr(outer, sub))
-                if keys[sub] not in distinct:
-                    with timed("import"):
-                        distinct[keys[sub]] = (sub, lower(getattr(outer, sub)))
-        precompile([low.mlir for _, low in distinct.values()
-                    if compute_nodes(low.core) and not unregistered_ops(low.mlir)],
-                   target, self.cache, self.opts.compile_timeout)
-        built: dict[str, IreePart] = {}
-        for sub, key in keys.items():
-            if key not in built:
-                first, lowered = distinct[key]
-                built[key] = self._compile_part(getattr(outer, first), target, dump, first, lowered)
-            setattr(outer, sub, built[key])
-        if labels:
-            iree_parts = sum(p == "iree" for p in place_of_part.values())
-            log.info("boo %s: %d repeated blocks; %d IREE parts, %d distinct modules",
-                     self.name, len(set(labels.values()) - {None}), iree_parts, len(built))
-        return outer, composites, aten, island
-
-    def _compile_part(self, graph: fx.GraphModule, target: Target, dump, part: str,
-                      lowered: Lowered | None = None) -> IreePart:
-        if lowered is None:
-            with timed("import"):
-                lowered = lower(graph)
-        if dump:
-            write_atomic(dump / f"{part}.mlir", lowered.mlir)
-            flags = compile_flags(target, dynamic=has_dynamic_dims(lowered.mlir), f64=computes_in_f64(lowered.mlir))
-            write_atomic(dump / f"{part}.flags", "\n".join(flags) + "\n")
-        if not compute_nodes(lowered.core):
-            return IreePart(lowered, None)
-        bad = unregistered_ops(lowered.mlir)
-        if bad:
-            raise Unlowerable(set(bad))
-        try:
-            vmfb = compile_mlir(lowered.mlir, target, self.cache, self.opts.compile_timeout)
-        except BooCompileError as e:
-            unlinked = unlinked_ops(e, e.mlir.splitlines())
-            names = unlinked or failing_ops(e) or unconverted_ops(lowered.mlir, target)
-            log.debug("boo: iree-compile rejected %s in %s:\n%s", names or "?", self.name, e.diagnostics)
-            if names:
-                raise Unlowerable(names, final=bool(unlinked)) from e
-            raise
-        if dump:
-            write_atomic(dump / f"{part}.vmfb", vmfb)
-        return IreePart(lowered, self._function(vmfb, lowered, target, f"{self.name}/{part}", part))
-
-    def _function(self, vmfb: bytes, lowered: Lowered, target: Target, name: str, part: str) -> IreeFunction:
-        """The loaded module, on the CPU driver BOO_CPU_DRIVER names, or the one an earlier
-        process measured as faster for this module on this host, or one it will measure. With
-        compile_only, nothing is loaded."""
-        if self.opts.compile_only:
-            return _NotLoaded()
-        drivers = self._drivers
-        driver, remember = None, None
-        if target.is_cpu and self.opts.cpu_driver != "auto":
-            driver = self.opts.cpu_driver
-        elif len(target.drivers) > 1:
-            key = self.cache.key("driver", lowered.mlir, target.name, *(["autotune"] if self.opts.autotune else []))
-            known = self.cache.get_json(key)
-            if known and known.get("driver") in target.drivers:
-                driver = known["driver"]
-            else:
-                def store(chosen: str) -> None:
-                    drivers[part] = chosen
-                    self.cache.put_json(key, {"driver": chosen})
-                remember = store
-        with timed("load"):
-            function = IreeFunction(vmfb, target, graph=name, writes=frozenset(lowered.writes),
-                                    driver=driver, remember=remember, sync=self.opts.sync,
-                                    measure_scale=self.opts.measure_scale)
-        if function.driver:
-            drivers[part] = function.driver
-        return function

@@ -131,7 +131,7 @@ def test_concurrent_writers_leave_a_whole_file(tmp_path):
 def test_warm_start_skips_tracing_and_import(tmp_path, monkeypatch):
     """The second build of the same graph loads the lowered module from the cache: no retrace,
     no torch-mlir import, no compile; the placement is the same."""
-    import boo_backend.graph as graph_mod
+    import boo_backend.assemble as graph_mod
 
     monkeypatch.setenv("BOO_CACHE_DIR", str(tmp_path))
     x = torch.randn(6, 5)
@@ -175,7 +175,7 @@ def test_split_graph_warm_start_and_misses(tmp_path, monkeypatch):
     warm-starts from the cache: no retrace, no torch-mlir import, no compile, the same
     placement and results. A changed model, dtype, flag or boo version is a miss."""
     import boo_backend.cache as cache_mod
-    import boo_backend.graph as graph_mod
+    import boo_backend.assemble as graph_mod
 
     monkeypatch.setenv("BOO_CACHE_DIR", str(tmp_path))
     real_lower, real_retrace = graph_mod.lower, graph_mod.retrace
@@ -249,3 +249,29 @@ def test_warm_start_of_a_graph_with_an_island_is_refused_in_strict_mode(tmp_path
     monkeypatch.setenv("BOO_STRICT", "1")
     with pytest.raises(boo_backend.BooStrictError, match="cummax"):
         torch.compile(fn, backend="boo")(x)
+
+
+def test_attention_kernel_choice_is_part_of_aotautograds_key(tmp_path, monkeypatch):
+    """The same Dynamo graph becomes the CPU flash ops or, under sdpa_kernel([MATH]), the math
+    form; a graph cached under one choice must not serve the other."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    monkeypatch.setenv("BOO_CACHE_DIR", str(tmp_path))
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 3, 9, 8, requires_grad=True) for _ in range(3))
+
+    def attend(q, k, v):
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+    def composites():
+        return {n for p in boo_backend.placements() for n, _ in p.composite_names}
+
+    torch.compile(attend, backend="boo")(q, k, v).sum().backward()
+    assert any("flash_attention" in n for n in composites())
+    boo_backend.reset()
+    torch._dynamo.reset()
+    with sdpa_kernel([SDPBackend.MATH]):
+        out = torch.compile(attend, backend="boo")(q, k, v)
+        ref = attend(q.detach(), k.detach(), v.detach())
+    assert_close(out, ref, "math-form attention")
+    assert not any("flash_attention" in n for n in composites()), composites()

@@ -78,6 +78,7 @@ def test_attention_traced_as_for_a_gpu_trains_like_eager(monkeypatch):
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     monkeypatch.setattr(backend, "_attention_for", lambda target: sdpa_kernel([SDPBackend.MATH]))
+    boo_backend.reset()  # the placements below are this test's alone
     torch.manual_seed(0)
     layer = torch.nn.TransformerEncoderLayer(32, 4, 64, dropout=0.0, batch_first=True)
     ref = copy.deepcopy(layer)

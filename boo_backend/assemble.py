@@ -1,0 +1,249 @@
+"""How one graph becomes IREE parts: the retrace with the plan's decompositions and the
+composites' canonical forms, matching, the matmuls left to ATen, the cut into blocks and
+islands, lowering, compiling side by side, and loading (`Assembly`, which CompiledGraph in
+graph.py builds on; it keeps when to build and how calls are served).
+
+Imports blocks, extern, fusions, match, partition, lower, part, diagnose, embed, compile,
+runtime, cache and config from boo_backend.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import operator
+import re
+
+import torch
+import torch.fx as fx
+
+from . import blocks, extern, fusions, match
+from .cache import timed, write_atomic
+from .compile import (
+    BooCompileError, Target, compile_flags, compile_mlir, computes_in_f64, has_dynamic_dims, precompile,
+    unconverted_ops,
+)
+from .config import BooError
+from .diagnose import Unlowerable, failing_ops, unlinked_ops
+from .embed import mlir_op_name
+from .lower import Lowered, lower, unregistered_ops
+from .partition import (
+    Plan, compute_nodes, decomposition_table, fold_empty, fold_known_sizes, node_places, preparation_table,
+    retrace, retrace_symbolic, split_independent, split_islands, wrong_in_iree,
+)
+from .part import IreePart
+from .runtime import IreeFunction
+
+log = logging.getLogger("boo_backend")
+
+
+def _output_metas(gm: fx.GraphModule, shapes: bool = True) -> list:
+    out = next(n for n in gm.graph.nodes if n.op == "output").args[0]
+    vals = [a.meta.get("val") if isinstance(a, fx.Node) else a for a in (out if isinstance(out, (tuple, list)) else [out])]
+    return [
+        ((tuple(v.shape) if shapes else v.dim()), v.dtype) if isinstance(v, torch.Tensor)
+        else ("value" if shapes else type(v).__name__.replace("SymInt", "int"))
+        for v in vals
+    ]
+
+
+def _check_same_outputs(before: fx.GraphModule, after: fx.GraphModule, table: dict, symbolic: bool) -> None:
+    """A decomposition must not change what the graph returns (torch._decomp's attention entry,
+    for one, returns probabilities where the log-sum-exp belongs). Symbolic graphs compare
+    ranks and dtypes."""
+    if _output_metas(before, not symbolic) != _output_metas(after, not symbolic):
+        raise BooError(
+            f"boo: decomposing {', '.join(map(str, table))} changed the graph's outputs: "
+            f"ours={_output_metas(after, not symbolic)} | torch={_output_metas(before, not symbolic)}"
+        )
+
+
+def _describe(graph: fx.GraphModule) -> str:
+    """The graph as matched: its code, then one line per node a composite computes."""
+    lines = [graph.print_readable(print_output=False), "", "# composites:"]
+    for node in graph.graph.nodes:
+        call = node.meta.get(match.META_KEY)
+        if call:
+            lines.append(f"#   {node.name}: {call.entry.name} v{call.entry.version} {call.params}")
+    return "\n".join(lines) + "\n"
+
+
+def _copy(gm: fx.GraphModule) -> fx.GraphModule:
+    return fx.GraphModule(gm, copy.deepcopy(gm.graph))
+
+
+class NotDynamic(Exception):
+    """The graph cannot run as one module for every size; it is compiled per shape instead."""
+
+
+
+class _NotLoaded:
+    """Stands for a module compiled for another target (compile_only): never called."""
+
+    def __call__(self, *args):
+        raise BooError("boo: compile_only modules are not loaded")
+
+
+class Assembly:
+    """The building half of CompiledGraph: it reads the graph (`gm`, `kind`, `name`,
+    `symbolic`), the settings (`opts`, `aten_matmul`, `cache`), `_target`, `_shape_env`, and
+    fills `_drivers` with each part's runtime driver."""
+
+    def _assemble_until_placed(self, args: list, plan: Plan, dump, dynamic: bool = False):
+        """Compile; each time the compiler names ops it cannot lower, move them one step
+        down the fallback order (FX decomposition, then eager island) and try again. With
+        dynamic shapes an op is not islanded: the graph is compiled per shape instead."""
+        complex_ = sorted({str(v.dtype) for n in self.gm.graph.nodes
+                           if isinstance(v := n.meta.get("val"), torch.Tensor) and v.is_complex()})
+        if complex_:
+            raise BooError(f"{', '.join(complex_)} tensors are not supported by boo's IREE path")
+        while True:
+            try:
+                return self._assemble(args, plan, dump, dynamic)
+            except Unlowerable as e:
+                changed = False
+                for op in sorted(e.names):
+                    if op not in plan.decompose and not e.final:
+                        plan.decompose.add(op)
+                        log.debug("boo: torch-mlir cannot lower %s; trying its decomposition", op)
+                        changed = True
+                    elif dynamic:
+                        raise NotDynamic(f"the compiler rejects {op} with symbolic sizes") from e
+                    elif op not in plan.island:
+                        plan.island.add(op)
+                        changed = True
+                if not changed:
+                    raise BooError(f"boo: the compiler still rejects {e} after placing it in an eager island")
+
+    def _prepare(self, args: list, plan: Plan, dynamic: bool) -> fx.GraphModule:
+        """One retrace of the graph: on `args` (concrete sizes) or on its own symbolic inputs
+        when `dynamic`, with the pre-lowering rewrites, the composites' canonical forms and
+        the plan's FX-level decompositions."""
+        decompositions, missing = decomposition_table(plan.decompose - plan.island)
+        plan.island |= missing
+        table = preparation_table(self.gm, decompositions, match.canonical_table(self.opts))
+        if (dynamic or not self.symbolic) and not any(n.target in table for n in compute_nodes(self.gm)):
+            graph = self.gm
+        elif dynamic:
+            graph = retrace_symbolic(self.gm, table)
+            _check_same_outputs(self.gm, graph, decompositions, True)
+        if dynamic:
+            graph = fold_known_sizes(graph if graph is not self.gm else _copy(graph), self._shape_env())
+        else:
+            graph = retrace(self.gm, args, table)
+            _check_same_outputs(self.gm, graph, decompositions, self.symbolic)
+        graph = fusions.apply(fold_empty(graph))
+        plan.island |= {mlir_op_name(n.target) for n in graph.graph.nodes if wrong_in_iree(n)}
+        return graph
+
+    def _assemble(self, args: list, plan: Plan, dump, dynamic: bool):
+        graph = self._prepare(args, plan, dynamic)
+        target = self._target(args)
+        composites = match.apply(graph, self.opts, target.kind)
+        if dump:
+            write_atomic(dump / "graph.txt", _describe(graph))
+        extern_nodes = extern.choose(graph, self.aten_matmul, target, self.cache, self.opts)
+        for node in extern_nodes:  # a composite op left to ATen's kernel is not a composite
+            call = node.meta.pop(match.META_KEY, None)
+            if call is not None:
+                composites.remove(call.entry.name)
+        places = node_places(graph, plan, extern_nodes)
+        aten = sum(p == "aten" and n.target is not operator.getitem for n, p in places.items())
+        island = sum(p == "eager" and n.target is not operator.getitem for n, p in places.items())
+        labels = blocks.group_blocks(graph) if self.opts.blocks else {}
+        cut = split_islands(graph, places, labels) if labels else None
+        if cut is not None and not blocks.repeats_pay(*cut):
+            log.debug("boo %s: its blocks differ too much to share modules; not cut at them", self.name)
+            labels, cut = {}, None
+        if set(places.values()) <= {"iree"} and not labels:
+            try:
+                return self._compile_part(graph, target, dump, "module"), composites, aten, 0
+            except Exception as e:
+                bindings = re.search(r"binding count (\d+) > (\d+)", str(e))
+                if bindings is None:
+                    raise
+                parts = 2 * -(-int(bindings.group(1)) // int(bindings.group(2)))
+                log.info("boo %s: IREE built a dispatch of %s bindings; compiling it as %d modules",
+                         self.name, bindings.group(1), parts)
+                outer, place_of_part = split_independent(graph, parts)
+        else:
+            outer, place_of_part = cut or split_islands(graph, places, labels)
+        # Parts that compute the same thing (the same layer, repeated) share one module; the
+        # distinct ones are lowered first and compiled side by side.
+        distinct: dict[str, tuple[str, Lowered]] = {}
+        keys = {}
+        for sub, place in place_of_part.items():
+            if place == "iree":
+                keys[sub] = blocks.structure_key(getattr(outer, sub))
+                if keys[sub] not in distinct:
+                    with timed("import"):
+                        distinct[keys[sub]] = (sub, lower(getattr(outer, sub)))
+        precompile([low.mlir for _, low in distinct.values()
+                    if compute_nodes(low.core) and not unregistered_ops(low.mlir)],
+                   target, self.cache, self.opts.compile_timeout)
+        built: dict[str, IreePart] = {}
+        for sub, key in keys.items():
+            if key not in built:
+                first, lowered = distinct[key]
+                built[key] = self._compile_part(getattr(outer, first), target, dump, first, lowered)
+            setattr(outer, sub, built[key])
+        if labels:
+            iree_parts = sum(p == "iree" for p in place_of_part.values())
+            log.info("boo %s: %d repeated blocks; %d IREE parts, %d distinct modules",
+                     self.name, len(set(labels.values()) - {None}), iree_parts, len(built))
+        return outer, composites, aten, island
+
+    def _compile_part(self, graph: fx.GraphModule, target: Target, dump, part: str,
+                      lowered: Lowered | None = None) -> IreePart:
+        if lowered is None:
+            with timed("import"):
+                lowered = lower(graph)
+        if dump:
+            write_atomic(dump / f"{part}.mlir", lowered.mlir)
+            flags = compile_flags(target, dynamic=has_dynamic_dims(lowered.mlir), f64=computes_in_f64(lowered.mlir))
+            write_atomic(dump / f"{part}.flags", "\n".join(flags) + "\n")
+        if not compute_nodes(lowered.core):
+            return IreePart(lowered, None)
+        bad = unregistered_ops(lowered.mlir)
+        if bad:
+            raise Unlowerable(set(bad))
+        try:
+            vmfb = compile_mlir(lowered.mlir, target, self.cache, self.opts.compile_timeout)
+        except BooCompileError as e:
+            unlinked = unlinked_ops(e, e.mlir.splitlines())
+            names = unlinked or failing_ops(e) or unconverted_ops(lowered.mlir, target)
+            log.debug("boo: iree-compile rejected %s in %s:\n%s", names or "?", self.name, e.diagnostics)
+            if names:
+                raise Unlowerable(names, final=bool(unlinked)) from e
+            raise
+        if dump:
+            write_atomic(dump / f"{part}.vmfb", vmfb)
+        return IreePart(lowered, self._function(vmfb, lowered, target, f"{self.name}/{part}", part))
+
+    def _function(self, vmfb: bytes, lowered: Lowered, target: Target, name: str, part: str) -> IreeFunction:
+        """The loaded module, on the CPU driver BOO_CPU_DRIVER names, or the one an earlier
+        process measured as faster for this module on this host, or one it will measure. With
+        compile_only, nothing is loaded."""
+        if self.opts.compile_only:
+            return _NotLoaded()
+        drivers = self._drivers
+        driver, remember = None, None
+        if target.is_cpu and self.opts.cpu_driver != "auto":
+            driver = self.opts.cpu_driver
+        elif len(target.drivers) > 1:
+            key = self.cache.key("driver", lowered.mlir, target.name, *(["autotune"] if self.opts.autotune else []))
+            known = self.cache.get_json(key)
+            if known and known.get("driver") in target.drivers:
+                driver = known["driver"]
+            else:
+                def store(chosen: str) -> None:
+                    drivers[part] = chosen
+                    self.cache.put_json(key, {"driver": chosen})
+                remember = store
+        with timed("load"):
+            function = IreeFunction(vmfb, target, graph=name, writes=frozenset(lowered.writes),
+                                    driver=driver, remember=remember, sync=self.opts.sync,
+                                    measure_scale=self.opts.measure_scale)
+        if function.driver:
+            drivers[part] = function.driver
+        return function
