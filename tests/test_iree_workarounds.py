@@ -69,8 +69,7 @@ def test_matmul_with_two_equal_dynamic_dims_on_the_default_data_tiling_path(tmp_
     assert _worst_error(target, tmp_path) < 1e-5
 
 
-def _pool_growth_mb(tmp_path, lengths=(512 * 1024, 3 * 1000 * 1000, 700 * 1024, 2 * 1024 * 1024 + 17),
-                    calls: int = 600) -> float:
+def _pool_growth_mb(tmp_path, calls: int = 600) -> float:
     """How much the process grows (MB) over the last three quarters of `calls` local-task
     calls whose results torch frees in a random order, a few dozen calls later (as a
     training step frees its activations and gradients); the first quarter fills the
@@ -82,7 +81,7 @@ def _pool_growth_mb(tmp_path, lengths=(512 * 1024, 3 * 1000 * 1000, 700 * 1024, 
     target = parse_target("llvm-cpu")
     cache = CompileCache(tmp_path, enabled=False)
     functions = []
-    for n in lengths:
+    for n in (512 * 1024, 3 * 1000 * 1000, 700 * 1024, 2 * 1024 * 1024 + 17):
         x = torch.randn(n)
         graph = make_fx(lambda a: (a * 2, (a + 1).exp(), a.sum()), tracing_mode="fake")(x)
         vmfb = compile_mlir(lower(graph).mlir, target, cache)
@@ -119,22 +118,8 @@ def test_local_task_pool_without_the_copy_grows(tmp_path, monkeypatch):
     assert _pool_growth_mb(tmp_path) < 400  # without the copy: about 2 GB
 
 
-def test_results_past_the_slab_are_not_copied_and_do_not_grow_the_process(tmp_path, monkeypatch):
-    """Results that IREE packs into one allocation past the pool's 64 MiB slab come from the
-    system directly and go back to it: no copy is needed (nor made) for them."""
+def test_out_of_pool_copies_all_but_what_sits_in_an_argument():
     from boo_backend import memory
-
-    monkeypatch.setattr(memory, "POOLED", ())  # IREE's own behaviour, no copies
-    assert _pool_growth_mb(tmp_path, (9 * 1000 * 1000, 17 * 1000 * 1000 + 5), calls=200) < 400
-
-
-def test_out_of_pool_copies_only_what_sits_in_the_pool():
-    from boo_backend import memory
-
-    packed = torch.randn(9 * 1000 * 1000 * 2)  # 72 MB: two results, end to end
-    big = [packed[: 9 * 1000 * 1000], packed[9 * 1000 * 1000:]]
-    out = memory.out_of_pool(list(big), [])
-    assert all(a is b for a, b in zip(out, big))
 
     arg = torch.randn(1000)
     small = torch.randn(1000)
@@ -143,6 +128,7 @@ def test_out_of_pool_copies_only_what_sits_in_the_pool():
     assert out[1] is not small and out[1].data_ptr() != small.data_ptr()
     torch.testing.assert_close(out[1], small)
 
-    apart = [torch.randn(40 << 18), torch.randn(40 << 18)]  # 40 MB each, two allocations
-    out = memory.out_of_pool(list(apart), [])
-    assert all(o.data_ptr() != a.data_ptr() for o, a in zip(out, apart))
+    packed = torch.randn(9 * 1000 * 1000 * 2)  # two results end to end, past a slab
+    big = [packed[: 9 * 1000 * 1000], packed[9 * 1000 * 1000:]]
+    out = memory.out_of_pool(list(big), [])
+    assert all(o.data_ptr() != b.data_ptr() for o, b in zip(out, big))  # neither holds the other
