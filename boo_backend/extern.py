@@ -44,7 +44,9 @@ _MARGIN = 0.95
 # ... and saves more than this many IREE calls' fixed cost (a split adds up to two calls).
 _CALLS_PER_SPLIT = 2
 # Timing: repeat until this many seconds or calls, keep the minimum. (0.2 s and 20 calls
-# made the timings a sixth of a Llama's cold compile, and moved no decision on its matmuls.)
+# made the timings a sixth of a Llama's cold compile; the minimum of ten calls is as good a
+# guide where ATen and IREE differ by more than the noise, and where they do not, either
+# choice costs little.)
 _BUDGET_S = 0.1
 _MAX_CALLS = 10
 # _random_like repeats this many random values.
