@@ -34,6 +34,21 @@ def overlapping(spans: list[tuple[int, int, int]]) -> list[int]:
     return hit
 
 
+def _inside(spans: list[tuple[int, int, int]]):
+    """A test of whether an address lies in the memory of `spans` (from spans())."""
+    starts = [s for s, _, _ in spans]
+    reach, ends = 0, []
+    for _, end, _ in spans:
+        reach = max(reach, end)
+        ends.append(reach)
+
+    def inside(p: int) -> bool:
+        k = bisect.bisect_right(starts, p)
+        return bool(k) and ends[k - 1] > p
+
+    return inside
+
+
 # IREE 3.13's local-task device takes results from a growable pool of 64 MiB slabs. A result
 # that torch frees after later calls have allocated (an activation kept for the backward, a
 # gradient the optimizer reads) returns memory the pool does not hand out again: a GPT-2 small
@@ -50,15 +65,8 @@ POOLED = ("local-task",)
 def out_of_pool(results: list[torch.Tensor], spans: list[tuple[int, int, int]]) -> list[torch.Tensor]:
     """The results, each copied into torch's memory (see POOLED), except a result in an
     argument's memory (`spans`, from spans(): IREE wrote into it), which is not the pool's."""
-    starts = [s for s, _, _ in spans]
-    out = []
-    for r in results:
-        p = r.data_ptr()
-        k = bisect.bisect_right(starts, p)
-        if r.numel() and not (k and spans[k - 1][1] > p):
-            r = torch.empty_like(r).copy_(r)
-        out.append(r)
-    return out
+    inside = _inside(spans)
+    return [torch.empty_like(r).copy_(r) if r.numel() and not inside(r.data_ptr()) else r for r in results]
 
 
 def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -74,18 +82,13 @@ def unalias(results: list[torch.Tensor], spans: list[tuple[int, int, int]]) -> l
     """IREE may hand back an input's buffer (or one buffer twice) for a result that is a copy
     in the graph, e.g. `x.clone()`. The graph promised a fresh tensor, so copy those.
     `spans`: the arguments' memory, from spans."""
-    starts = [s for s, _, _ in spans]
-    reach, ends = 0, []
-    for _, end, _ in spans:
-        reach = max(reach, end)
-        ends.append(reach)
+    inside = _inside(spans)
     seen: set[int] = set()
     for i, r in enumerate(results):
         if not r.numel():
             continue
         p = r.data_ptr()
-        k = bisect.bisect_right(starts, p)
-        if p in seen or (k and ends[k - 1] > p):
+        if p in seen or inside(p):
             results[i] = r.clone()
         seen.add(results[i].data_ptr())
     return results

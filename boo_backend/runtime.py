@@ -92,7 +92,8 @@ class _Loaded:
             raise BooRuntimeError(f"boo: compiled module of graph {graph} has no function {name!r}")
         self.queue = queue
 
-    def run(self, passed: list, num_results: int, sync: bool) -> list[torch.Tensor]:
+    def run(self, passed: list, num_results: int, sync: bool, spans=None) -> list[torch.Tensor]:
+        """`spans`: memory.spans(passed), where the caller has it already."""
         args = _arguments(self.device, passed)
         if self.queue is not None:
             out = self.queue.export(self.queue.invoke(self.context, self.function, args, num_results, sync))
@@ -101,7 +102,9 @@ class _Loaded:
             self.context.invoke(self.function, args, results)
             out = [gpu.export_tensor(self.device, results.get_as_object(i, rt.HalBufferView), gpu.DLPACK_CPU, 0)
                    for i in range(len(results))]
-        return memory.out_of_pool(out, memory.spans(passed)) if self.pooled else out
+        if not self.pooled:
+            return out
+        return memory.out_of_pool(out, memory.spans(passed) if spans is None else spans)
 
 
 # How a CPU module picks its driver when BOO_CPU_DRIVER=auto: after its first call, it is
@@ -267,7 +270,7 @@ class IreeFunction:
         try:
             with self._lock, _labelled(self.graph):
                 loaded = self._on_gpu(passed) if self._gpu else self._current
-                out = loaded.run(passed, num_results, self.sync)
+                out = loaded.run(passed, num_results, self.sync, spans)
         except gpu.BooDeviceError:
             raise
         except Exception as e:  # IREE reports its runtime errors as IndexError/RuntimeError
