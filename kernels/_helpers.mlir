@@ -148,3 +148,34 @@ attributes {boo.composite = "{{ composite }}", boo.version = {{ version }} : i64
 {% macro cpu_inner_tiles(inner) -%}
 #iree_cpu.lowering_config<vector_inner_parallel = {{ inner }}>
 {%- endmacro %}
+
+{#- Row reductions in lanes. A reduction over a row of N elements that IREE's CPU code keeps
+    in one vector register reduces that vector to a scalar at every step (several times
+    slower than eager's kernels on AVX-512); over the row viewed as [N / L, L] with the L
+    lanes a parallel dim, each step is one vector add, and the L partial sums are added
+    once at the end. `lanes(N)` is the L a kernel uses: on the CPU 16, or 8 where N is not a
+    multiple of 16 (GPU reductions stay across the row). -#}
+{% macro lanes(N) -%}
+{{ 1 if target != "llvm-cpu" or N is none or N <= 16 else 16 if N % 16 == 0 else 8 if N % 8 == 0 else 1 }}
+{%- endmacro %}
+
+{#- %name: `value` (a [M, N] tensor of `dtype`) viewed as [M, N / L, L]. -#}
+{% macro lane_view(name, value, M, N, L, dtype, m="") -%}
+%{{ name }} = tensor.expand_shape {{ value }} [[0], [1, 2]] output_shape {{ output_shape([M, N // L, L], [m]) }} : {{ tensor([M, N], dtype) }} into {{ tensor([M, N // L, L], dtype) }}
+{%- endmacro %}
+
+{#- %name:k, the k f32 row sums [M] of the k lane sums `values` ([M, L] each). -#}
+{% macro lane_sums(name, values, M, L, m="") -%}
+%{{ name }}_zero = arith.constant 0.0 : f32
+  %{{ name }}_empty = {{ empty([M], "f32", [m]) }}
+  %{{ name }}_init = linalg.fill ins(%{{ name }}_zero : f32) outs(%{{ name }}_empty : {{ tensor([M], "f32") }}) -> {{ tensor([M], "f32") }}
+  %{{ name }}:{{ values|length }} = linalg.generic {indexing_maps = [{% for v in values %}{{ map(2) }}, {% endfor %}{% for v in values %}{{ map(2, [0]) }}{{ ", " if not loop.last }}{% endfor %}], iterator_types = ["parallel", "reduction"]}
+      ins({{ values|join(", ") }} : {% for v in values %}{{ tensor([M, L], "f32") }}{{ ", " if not loop.last }}{% endfor %})
+      outs({% for v in values %}%{{ name }}_init{{ ", " if not loop.last }}{% endfor %} : {% for v in values %}{{ tensor([M], "f32") }}{{ ", " if not loop.last }}{% endfor %}) {
+  ^bb0({% for v in values %}%{{ name }}_in{{ loop.index0 }}: f32, {% endfor %}{% for v in values %}%{{ name }}_acc{{ loop.index0 }}: f32{{ ", " if not loop.last }}{% endfor %}):
+{% for v in values %}
+    %{{ name }}_s{{ loop.index0 }} = arith.addf %{{ name }}_acc{{ loop.index0 }}, %{{ name }}_in{{ loop.index0 }} : f32
+{% endfor %}
+    linalg.yield {% for v in values %}%{{ name }}_s{{ loop.index0 }}{{ ", " if not loop.last }}{% endfor %} : {% for v in values %}f32{{ ", " if not loop.last }}{% endfor %}
+  } -> ({% for v in values %}{{ tensor([M], "f32") }}{{ ", " if not loop.last }}{% endfor %})
+{%- endmacro %}
