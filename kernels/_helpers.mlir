@@ -166,9 +166,9 @@ attributes {boo.composite = "{{ composite }}", boo.version = {{ version }} : i64
 
 {#- %name:k, the k f32 row sums [M] of the k lane sums `values` ([M, L] each). -#}
 {% macro lane_sums(name, values, M, L, m="") -%}
-%{{ name }}_zero = arith.constant 0.0 : f32
+%{{ name }}_fz = arith.constant 0.0 : f32
   %{{ name }}_empty = {{ empty([M], "f32", [m]) }}
-  %{{ name }}_init = linalg.fill ins(%{{ name }}_zero : f32) outs(%{{ name }}_empty : {{ tensor([M], "f32") }}) -> {{ tensor([M], "f32") }}
+  %{{ name }}_init = linalg.fill ins(%{{ name }}_fz : f32) outs(%{{ name }}_empty : {{ tensor([M], "f32") }}) -> {{ tensor([M], "f32") }}
   %{{ name }}:{{ values|length }} = linalg.generic {indexing_maps = [{% for v in values %}{{ map(2) }}, {% endfor %}{% for v in values %}{{ map(2, [0]) }}{{ ", " if not loop.last }}{% endfor %}], iterator_types = ["parallel", "reduction"]}
       ins({{ values|join(", ") }} : {% for v in values %}{{ tensor([M, L], "f32") }}{{ ", " if not loop.last }}{% endfor %})
       outs({% for v in values %}%{{ name }}_init{{ ", " if not loop.last }}{% endfor %} : {% for v in values %}{{ tensor([M], "f32") }}{{ ", " if not loop.last }}{% endfor %}) {
@@ -178,4 +178,44 @@ attributes {boo.composite = "{{ composite }}", boo.version = {{ version }} : i64
 {% endfor %}
     linalg.yield {% for v in values %}%{{ name }}_s{{ loop.index0 }}{{ ", " if not loop.last }}{% endfor %} : {% for v in values %}f32{{ ", " if not loop.last }}{% endfor %}
   } -> ({% for v in values %}{{ tensor([M], "f32") }}{{ ", " if not loop.last }}{% endfor %})
+{%- endmacro %}
+
+{#- %name:k, k f32 sums over each row of [M, N] tensors: `full` ([M, N] values; `dtypes`,
+    theirs), `rows` ([M] f32 values read once per row). The caller gives the body: a
+    `^bb0` with one argument per full and row value, then k f32 accumulators, and a
+    `linalg.yield` of the k new sums. In lanes when L > 1 (lanes()); the lanes' zero is
+    %<name>_lz and the rows' %<name>_rz. -#}
+{% macro row_sums(name, full, dtypes, rows, k, M, N, L, m="") -%}
+%{{ name }}_zero = arith.constant 0.0 : f32
+{% if L > 1 %}
+{% for v in full %}
+  {{ lane_view(name ~ "_v" ~ loop.index0, v, M, N, L, dtypes[loop.index0], m) }}
+{% endfor %}
+  %{{ name }}_le = {{ empty([M, L], "f32", [m]) }}
+  %{{ name }}_lz = linalg.fill ins(%{{ name }}_zero : f32) outs(%{{ name }}_le : {{ tensor([M, L], "f32") }}) -> {{ tensor([M, L], "f32") }}
+  %{{ name }}_l:{{ k }} = linalg.generic {indexing_maps = [{% for v in full %}{{ map(3) }}, {% endfor %}{% for v in rows %}{{ map(3, [0]) }}, {% endfor %}{% for i in range(k) %}{{ map(3, [0, 2]) }}{{ ", " if not loop.last }}{% endfor %}],
+                                 iterator_types = ["parallel", "reduction", "parallel"]}
+{% set values, types = [], [] %}
+{% for v in full %}{% set _ = values.append("%" ~ name ~ "_v" ~ loop.index0) %}{% set _ = types.append(tensor([M, N // L, L], dtypes[loop.index0])) %}{% endfor %}
+{% for v in rows %}{% set _ = values.append(v) %}{% set _ = types.append(tensor([M], "f32")) %}{% endfor %}
+      ins({{ values|join(", ") }} : {{ types|join(", ") }})
+      outs({% for i in range(k) %}%{{ name }}_lz{{ ", " if not loop.last }}{% endfor %} : {% for i in range(k) %}{{ tensor([M, L], "f32") }}{{ ", " if not loop.last }}{% endfor %}) {
+{{ caller() }}
+  } -> ({% for i in range(k) %}{{ tensor([M, L], "f32") }}{{ ", " if not loop.last }}{% endfor %})
+{% set parts = [] %}
+{% for i in range(k) %}{% set _ = parts.append("%" ~ name ~ "_l#" ~ i) %}{% endfor %}
+  {{ lane_sums(name, parts, M, L, m) }}
+{% else %}
+  %{{ name }}_re = {{ empty([M], "f32", [m]) }}
+  %{{ name }}_rz = linalg.fill ins(%{{ name }}_zero : f32) outs(%{{ name }}_re : {{ tensor([M], "f32") }}) -> {{ tensor([M], "f32") }}
+  %{{ name }}:{{ k }} = linalg.generic {indexing_maps = [{% for v in full %}{{ map(2) }}, {% endfor %}{% for v in rows %}{{ map(2, [0]) }}, {% endfor %}{% for i in range(k) %}{{ map(2, [0]) }}{{ ", " if not loop.last }}{% endfor %}],
+                               iterator_types = ["parallel", "reduction"]}
+{% set types = [] %}
+{% for v in full %}{% set _ = types.append(tensor([M, N], dtypes[loop.index0])) %}{% endfor %}
+{% for v in rows %}{% set _ = types.append(tensor([M], "f32")) %}{% endfor %}
+      ins({{ (full + rows)|join(", ") }} : {{ types|join(", ") }})
+      outs({% for i in range(k) %}%{{ name }}_rz{{ ", " if not loop.last }}{% endfor %} : {% for i in range(k) %}{{ tensor([M], "f32") }}{{ ", " if not loop.last }}{% endfor %}) {
+{{ caller() }}
+  } -> ({% for i in range(k) %}{{ tensor([M], "f32") }}{{ ", " if not loop.last }}{% endfor %})
+{% endif %}
 {%- endmacro %}

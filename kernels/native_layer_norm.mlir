@@ -8,8 +8,6 @@
 {% set ROW = h.tensor([M], "f32") %}
 {% set STAT = h.tensor([M, 1], stat_dtype) %}
 {% set L = h.lanes(N)|int %}
-{% set XL = h.tensor([M, N // L, L], dtype) %}
-{% set LANE = h.tensor([M, L], "f32") %}
 {#- M's SSA value when it is dynamic, and the results' dynamic dims. -#}
 {% set m = "%dim_m" %}
 {% set dims = [] if M is not none else [m, m, m] %}
@@ -29,29 +27,12 @@ func.func private @{{ func_name }}(%x: {{ X }}{% if has_weight %}, %w: {{ V }}{%
   %n = arith.constant {{ "%.1f"|format(N) }} : f32
   %eps = arith.constant {{ "%.17e"|format(eps) }} : f32
   %row_empty = {{ h.empty([M], "f32", [m]) }}
-  %row_zero = linalg.fill ins(%zero : f32) outs(%row_empty : {{ ROW }}) -> {{ ROW }}
-{% if L > 1 %}
-  {#- The two reductions in L lanes (h.lanes). #}
-  {{ h.lane_view("xl", "%x", M, N, L, dtype, m) }}
-  %lane_empty = {{ h.empty([M, L], "f32", [m]) }}
-  %lane_zero = linalg.fill ins(%zero : f32) outs(%lane_empty : {{ LANE }}) -> {{ LANE }}
-  %sum_l = linalg.generic {indexing_maps = [{{ h.map(3) }}, {{ h.map(3, [0, 2]) }}], iterator_types = ["parallel", "reduction", "parallel"]}
-      ins(%xl : {{ XL }}) outs(%lane_zero : {{ LANE }}) {
+  {% call h.row_sums("sum", ["%x"], [dtype], [], 1, M, N, L, m) %}
   ^bb0(%xin: {{ dtype }}, %s: f32):
     {{ h.to_f32("xf", "xin", dtype) }}
     %s1 = arith.addf %s, {{ h.f32ref("xf", "xin", dtype) }} : f32
     linalg.yield %s1 : f32
-  } -> {{ LANE }}
-  {{ h.lane_sums("sum", ["%sum_l"], M, L, m) }}
-{% else %}
-  %sum:1 = linalg.generic {indexing_maps = [{{ h.map(2) }}, {{ h.map(2, [0]) }}], iterator_types = ["parallel", "reduction"]}
-      ins(%x : {{ X }}) outs(%row_zero : {{ ROW }}) {
-  ^bb0(%xin: {{ dtype }}, %s: f32):
-    {{ h.to_f32("xf", "xin", dtype) }}
-    %s1 = arith.addf %s, {{ h.f32ref("xf", "xin", dtype) }} : f32
-    linalg.yield %s1 : f32
-  } -> {{ ROW }}
-{% endif %}
+  {% endcall %}
   %mean0 = linalg.generic {indexing_maps = [{{ h.map(1) }}, {{ h.map(1) }}], iterator_types = ["parallel"]}
       ins(%sum#0 : {{ ROW }}) outs(%row_empty : {{ ROW }}) {
   ^bb0(%s: f32, %unused: f32):
@@ -60,15 +41,7 @@ func.func private @{{ func_name }}(%x: {{ X }}{% if has_weight %}, %w: {{ V }}{%
   } -> {{ ROW }}
   {#- Second pass around the first mean: the sum of deviations corrects the mean, the sum of
       their squares gives the variance; both stay small, so f32 keeps them accurate. #}
-{% if L > 1 %}
-  %dev_l:2 = linalg.generic {indexing_maps = [{{ h.map(3) }}, {{ h.map(3, [0]) }}, {{ h.map(3, [0, 2]) }}, {{ h.map(3, [0, 2]) }}],
-                             iterator_types = ["parallel", "reduction", "parallel"]}
-      ins(%xl, %mean0 : {{ XL }}, {{ ROW }}) outs(%lane_zero, %lane_zero : {{ LANE }}, {{ LANE }}) {
-{% else %}
-  %dev:2 = linalg.generic {indexing_maps = [{{ h.map(2) }}, {{ h.map(2, [0]) }}, {{ h.map(2, [0]) }}, {{ h.map(2, [0]) }}],
-                           iterator_types = ["parallel", "reduction"]}
-      ins(%x, %mean0 : {{ X }}, {{ ROW }}) outs(%row_zero, %row_zero : {{ ROW }}, {{ ROW }}) {
-{% endif %}
+  {% call h.row_sums("dev", ["%x"], [dtype], ["%mean0"], 2, M, N, L, m) %}
   ^bb0(%xin: {{ dtype }}, %m0: f32, %s: f32, %ss: f32):
     {{ h.to_f32("xf", "xin", dtype) }}
     %d = arith.subf {{ h.f32ref("xf", "xin", dtype) }}, %m0 : f32
@@ -76,12 +49,7 @@ func.func private @{{ func_name }}(%x: {{ X }}{% if has_weight %}, %w: {{ V }}{%
     %d2 = arith.mulf %d, %d : f32
     %ss1 = arith.addf %ss, %d2 : f32
     linalg.yield %s1, %ss1 : f32, f32
-{% if L > 1 %}
-  } -> ({{ LANE }}, {{ LANE }})
-  {{ h.lane_sums("dev", ["%dev_l#0", "%dev_l#1"], M, L, m) }}
-{% else %}
-  } -> ({{ ROW }}, {{ ROW }})
-{% endif %}
+  {% endcall %}
   %stats:2 = linalg.generic {indexing_maps = [{{ h.map(1) }}, {{ h.map(1) }}, {{ h.map(1) }}, {{ h.map(1) }}, {{ h.map(1) }}],
                              iterator_types = ["parallel"]}
       ins(%mean0, %dev#0, %dev#1 : {{ ROW }}, {{ ROW }}, {{ ROW }}) outs(%row_empty, %row_empty : {{ ROW }}, {{ ROW }}) {

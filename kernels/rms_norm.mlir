@@ -1,6 +1,7 @@
 {#- boo::rms_norm on x[M, N] over N. Params: M (None when dynamic), N, eps, dtype, w_dtype (None: no weight),
     norm_dtype (None, or the dtype x * rstd is rounded to before the weight), out_dtype.
-      rstd = rsqrt(sum(x^2) / N + eps);  out = round(x * rstd) * w, all in f32. -#}
+      rstd = rsqrt(sum(x^2) / N + eps);  out = round(x * rstd) * w, all in f32; the sum in lanes on
+    the CPU (h.lanes). -#}
 {% import "_helpers.mlir" as h with context %}
 {% set X = h.tensor([M, N], dtype) %}
 {% set Y = h.tensor([M, N], out_dtype) %}
@@ -26,17 +27,15 @@ func.func private @{{ func_name }}(%x: {{ X }}{% if has_weight %}, %w: {{ W }}{%
   %n = arith.constant {{ "%.1f"|format(N) }} : f32
   %eps = arith.constant {{ "%.17e"|format(eps) }} : f32
   %row_empty = {{ h.empty([M], "f32", [m]) }}
-  %row_zero = linalg.fill ins(%zero : f32) outs(%row_empty : {{ ROW }}) -> {{ ROW }}
-  %ss = linalg.generic {indexing_maps = [{{ h.map(2) }}, {{ h.map(2, [0]) }}], iterator_types = ["parallel", "reduction"]}
-      ins(%x : {{ X }}) outs(%row_zero : {{ ROW }}) {
+  {% call h.row_sums("ss", ["%x"], [dtype], [], 1, M, N, h.lanes(N)|int, m) %}
   ^bb0(%xin: {{ dtype }}, %s: f32):
     {{ h.to_f32("xf", "xin", dtype) }}
     %x2 = arith.mulf {{ h.f32ref("xf", "xin", dtype) }}, {{ h.f32ref("xf", "xin", dtype) }} : f32
     %s1 = arith.addf %s, %x2 : f32
     linalg.yield %s1 : f32
-  } -> {{ ROW }}
+  {% endcall %}
   %rstd = linalg.generic {indexing_maps = [{{ h.map(1) }}, {{ h.map(1) }}], iterator_types = ["parallel"]}
-      ins(%ss : {{ ROW }}) outs(%row_empty : {{ ROW }}) {
+      ins(%ss#0 : {{ ROW }}) outs(%row_empty : {{ ROW }}) {
   ^bb0(%s: f32, %unused: f32):
     %ms = arith.divf %s, %n : f32
     %mse = arith.addf %ms, %eps : f32
