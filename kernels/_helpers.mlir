@@ -164,9 +164,10 @@ attributes {boo.composite = "{{ composite }}", boo.version = {{ version }} : i64
 %{{ name }} = tensor.expand_shape {{ value }} [[0], [1, 2]] output_shape {{ output_shape([M, N // L, L], [m]) }} : {{ tensor([M, N], dtype) }} into {{ tensor([M, N // L, L], dtype) }}
 {%- endmacro %}
 
-{#- %name:k, the k f32 row sums [M] of the k lane sums `values` ([M, L] each). -#}
-{% macro lane_sums(name, values, M, L, m="") -%}
-%{{ name }}_fz = arith.constant 0.0 : f32
+{#- %name:k, the k f32 row sums [M] of the k lane sums `values` ([M, L] each); with
+    `combine` = "arith.maximumf" and `init` -inf, row maxima. -#}
+{% macro lane_sums(name, values, M, L, m="", combine="arith.addf", init="0.0") -%}
+%{{ name }}_fz = arith.constant {{ init }} : f32
   %{{ name }}_empty = {{ empty([M], "f32", [m]) }}
   %{{ name }}_init = linalg.fill ins(%{{ name }}_fz : f32) outs(%{{ name }}_empty : {{ tensor([M], "f32") }}) -> {{ tensor([M], "f32") }}
   %{{ name }}:{{ values|length }} = linalg.generic {indexing_maps = [{% for v in values %}{{ map(2) }}, {% endfor %}{% for v in values %}{{ map(2, [0]) }}{{ ", " if not loop.last }}{% endfor %}], iterator_types = ["parallel", "reduction"]}
@@ -174,7 +175,7 @@ attributes {boo.composite = "{{ composite }}", boo.version = {{ version }} : i64
       outs({% for v in values %}%{{ name }}_init{{ ", " if not loop.last }}{% endfor %} : {% for v in values %}{{ tensor([M], "f32") }}{{ ", " if not loop.last }}{% endfor %}) {
   ^bb0({% for v in values %}%{{ name }}_in{{ loop.index0 }}: f32, {% endfor %}{% for v in values %}%{{ name }}_acc{{ loop.index0 }}: f32{{ ", " if not loop.last }}{% endfor %}):
 {% for v in values %}
-    %{{ name }}_s{{ loop.index0 }} = arith.addf %{{ name }}_acc{{ loop.index0 }}, %{{ name }}_in{{ loop.index0 }} : f32
+    %{{ name }}_s{{ loop.index0 }} = {{ combine }} %{{ name }}_acc{{ loop.index0 }}, %{{ name }}_in{{ loop.index0 }} : f32
 {% endfor %}
     linalg.yield {% for v in values %}%{{ name }}_s{{ loop.index0 }}{{ ", " if not loop.last }}{% endfor %} : {% for v in values %}f32{{ ", " if not loop.last }}{% endfor %}
   } -> ({% for v in values %}{{ tensor([M], "f32") }}{{ ", " if not loop.last }}{% endfor %})
@@ -184,9 +185,10 @@ attributes {boo.composite = "{{ composite }}", boo.version = {{ version }} : i64
     theirs), `rows` ([M] f32 values read once per row). The caller gives the body: a
     `^bb0` with one argument per full and row value, then k f32 accumulators, and a
     `linalg.yield` of the k new sums. In lanes when L > 1 (lanes()); the lanes' zero is
-    %<name>_lz and the rows' %<name>_rz. -#}
-{% macro row_sums(name, full, dtypes, rows, k, M, N, L, m="") -%}
-%{{ name }}_zero = arith.constant 0.0 : f32
+    %<name>_lz and the rows' %<name>_rz. `combine` and `init` as in lane_sums (row maxima:
+    the body combines with arith.maximumf too). -#}
+{% macro row_sums(name, full, dtypes, rows, k, M, N, L, m="", combine="arith.addf", init="0.0") -%}
+%{{ name }}_zero = arith.constant {{ init }} : f32
 {% if L > 1 %}
 {% for v in full %}
   {{ lane_view(name ~ "_v" ~ loop.index0, v, M, N, L, dtypes[loop.index0], m) }}
@@ -204,7 +206,7 @@ attributes {boo.composite = "{{ composite }}", boo.version = {{ version }} : i64
   } -> ({% for i in range(k) %}{{ tensor([M, L], "f32") }}{{ ", " if not loop.last }}{% endfor %})
 {% set parts = [] %}
 {% for i in range(k) %}{% set _ = parts.append("%" ~ name ~ "_l#" ~ i) %}{% endfor %}
-  {{ lane_sums(name, parts, M, L, m) }}
+  {{ lane_sums(name, parts, M, L, m, combine, init) }}
 {% else %}
   %{{ name }}_re = {{ empty([M], "f32", [m]) }}
   %{{ name }}_rz = linalg.fill ins(%{{ name }}_zero : f32) outs(%{{ name }}_re : {{ tensor([M], "f32") }}) -> {{ tensor([M], "f32") }}

@@ -1,7 +1,9 @@
 {#- _softmax / _log_softmax on x[M, N, K] over N; included by _softmax.mlir and
     _log_softmax.mlir, which set `log`. Params: M, N, K, log, dtype, out_dtype (f32 for
     half_to_float). Loops run (M, K, N): the reduction innermost. Three passes over a row
-    (maximum, sum of exponentials, output) in one dispatch, in f32. -#}
+    (maximum, sum of exponentials, output) in one dispatch, in f32; over the last dim on
+    the CPU, the two reductions in lanes (h.lanes), softmax too. Elsewhere softmax is
+    IREE's own linalg.softmax. -#}
 {% import "_helpers.mlir" as h with context %}
 {% import "_softmax_layout.mlir" as L with context %}
 {% set SHAPE, X, Y, ROW, XMAP, RMAP, RED, PAR = L.SHAPE, L.X, L.Y, L.ROW, L.XMAP, L.RMAP, L.RED, L.PAR %}
@@ -12,7 +14,7 @@ func.func private @{{ func_name }}(%x: {{ X }}) -> {{ Y }} {{ h.identity({"dim_s
   {#- Nothing to compute; IREE 3.13 crashes on reductions over zero rows. -#}
   %out = {{ h.empty(SHAPE, out_dtype, SIZES) }}
   return %out : {{ Y }}
-{% elif not log %}
+{% elif not log and not (K == 1 and h.lanes(N)|int > 1) %}
   {#- IREE's own softmax op: it forms one dispatch and codegen knows it. #}
 {% set XF = h.tensor(SHAPE, "f32") %}
 {% if dtype != "f32" %}
@@ -45,6 +47,25 @@ func.func private @{{ func_name }}(%x: {{ X }}) -> {{ Y }} {{ h.identity({"dim_s
   %row_empty = {{ h.empty(ROW_SHAPE, "f32", ROW_SIZES) }}
   %row_zero = linalg.fill ins(%zero : f32) outs(%row_empty : {{ ROW }}) -> {{ ROW }}
   %row_low = linalg.fill ins(%neg_inf : f32) outs(%row_empty : {{ ROW }}) -> {{ ROW }}
+{% set lanes = h.lanes(N)|int if K == 1 else 1 %}
+{% if lanes > 1 %}
+  {#- A row (K == 1, N static) reduces in lanes (h.lanes). #}
+  {% call h.row_sums("maxs", ["%x"], [dtype], [], 1, M, N, lanes, "%dim_m", "arith.maximumf", "0xFF800000") %}
+  ^bb0(%xin: {{ dtype }}, %m: f32):
+    {{ h.to_f32("xf", "xin", dtype) }}
+    %m1 = arith.maximumf %m, {{ h.f32ref("xf", "xin", dtype) }} : f32
+    linalg.yield %m1 : f32
+  {% endcall %}
+  {% call h.row_sums("sums", ["%x"], [dtype], ["%maxs#0"], 1, M, N, lanes, "%dim_m") %}
+  ^bb0(%xin: {{ dtype }}, %m: f32, %s: f32):
+    {{ h.to_f32("xf", "xin", dtype) }}
+    %d = arith.subf {{ h.f32ref("xf", "xin", dtype) }}, %m : f32
+    %e = math.exp %d : f32
+    %s1 = arith.addf %s, %e : f32
+    linalg.yield %s1 : f32
+  {% endcall %}
+{% set max, sum = "%maxs#0", "%sums#0" %}
+{% else %}
   %max = linalg.generic {indexing_maps = [{{ XMAP }}, {{ RMAP }}], iterator_types = {{ RED }}}
       ins(%x : {{ X }}) outs(%row_low : {{ ROW }}) {
   ^bb0(%xin: {{ dtype }}, %m: f32):
@@ -61,9 +82,11 @@ func.func private @{{ func_name }}(%x: {{ X }}) -> {{ Y }} {{ h.identity({"dim_s
     %s1 = arith.addf %s, %e : f32
     linalg.yield %s1 : f32
   } -> {{ ROW }}
+{% set max, sum = "%max", "%sum" %}
+{% endif %}
   %out_empty = {{ h.empty(SHAPE, out_dtype, SIZES) }}
   %out = linalg.generic {indexing_maps = [{{ XMAP }}, {{ RMAP }}, {{ RMAP }}, {{ XMAP }}], iterator_types = {{ PAR }}}
-      ins(%x, %max, %sum : {{ X }}, {{ ROW }}, {{ ROW }}) outs(%out_empty : {{ Y }}) {
+      ins(%x, {{ max }}, {{ sum }} : {{ X }}, {{ ROW }}, {{ ROW }}) outs(%out_empty : {{ Y }}) {
   ^bb0(%xin: {{ dtype }}, %m: f32, %s: f32, %unused: {{ out_dtype }}):
     {{ h.to_f32("xf", "xin", dtype) }}
     %d = arith.subf {{ h.f32ref("xf", "xin", dtype) }}, %m : f32
