@@ -1,0 +1,56 @@
+"""Row reductions in lanes (kernels/_helpers.mlir: lanes, row_sums): on the CPU the kernels
+that reduce a row view it as [N / L, L] and sum L lanes at once; on a GPU they reduce across
+the row as before. Speed is measured in bench/ (bench/RESULTS.md), never here: these tests
+check which form each target gets, and test_composites checks the values at widths of each
+form (768: 16 lanes, 1000: 8, 4097: none)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+from torch.fx.experimental.proxy_tensor import make_fx
+
+from boo_backend import composites, match
+from boo_backend.config import Options
+from boo_backend.lower import lower
+from boo_backend.partition import retrace
+from test_composites import ROWS
+
+ROWS_REDUCED = ["native_layer_norm", "rms_norm", "_softmax", "_log_softmax"]
+
+
+def _kernel_mlir(name: str, width: int, kind: str) -> str:
+    """The lowered module of one call of composite `name` on [64, width] f32 for target `kind`."""
+    row = ROWS[name]
+    args, kwargs = row.make((64, width), torch.float32, True, row.variants[0])
+    op = composites.by_name(name).op
+    positions = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
+
+    def fn(*ts):
+        full = list(args)
+        for i, t in zip(positions, ts):
+            full[i] = t
+        return op(*full, **kwargs)
+
+    tensors = [args[i] for i in positions]
+    opts = Options.resolve()
+    gm = retrace(make_fx(fn, tracing_mode="fake")(*tensors), tensors, match.canonical_table(opts))
+    assert match.apply(gm, opts, kind) == [name]
+    return lower(gm).mlir
+
+
+@pytest.mark.parametrize("name", ROWS_REDUCED)
+@pytest.mark.parametrize("width,lanes", [(768, 16), (1000, 8), (4097, None)])
+def test_cpu_kernels_reduce_rows_in_lanes(name, width, lanes):
+    text = _kernel_mlir(name, width, "llvm-cpu")
+    if lanes is None:
+        assert not re.search(r"tensor<64x\d+x\d+xf32>", text), f"{name} at width {width}: a lane view where none fits"
+    else:
+        assert f"tensor<64x{width // lanes}x{lanes}xf32>" in text, f"{name} at width {width}: no {lanes}-lane view"
+
+
+@pytest.mark.parametrize("name", ROWS_REDUCED)
+def test_gpu_kernels_reduce_across_the_row(name):
+    assert "x48x16xf32" not in _kernel_mlir(name, 768, "cuda")
