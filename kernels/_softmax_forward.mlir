@@ -8,6 +8,21 @@
 {% import "_softmax_layout.mlir" as L with context %}
 {% set SHAPE, X, Y, ROW, XMAP, RMAP, RED, PAR = L.SHAPE, L.X, L.Y, L.ROW, L.XMAP, L.RMAP, L.RED, L.PAR %}
 {% set SIZES, ROW_SHAPE, ROW_SIZES = L.SIZES, L.ROW_SHAPE, L.ROW_SIZES %}
+{#- The bodies of the two reductions: the row maximum, and the sum of exponentials past it. -#}
+{% macro max_body() -%}
+  ^bb0(%xin: {{ dtype }}, %m: f32):
+    {{ h.to_f32("xf", "xin", dtype) }}
+    %m1 = arith.maximumf %m, {{ h.f32ref("xf", "xin", dtype) }} : f32
+    linalg.yield %m1 : f32
+{%- endmacro %}
+{% macro sum_body() -%}
+  ^bb0(%xin: {{ dtype }}, %m: f32, %s: f32):
+    {{ h.to_f32("xf", "xin", dtype) }}
+    %d = arith.subf {{ h.f32ref("xf", "xin", dtype) }}, %m : f32
+    %e = math.exp %d : f32
+    %s1 = arith.addf %s, %e : f32
+    linalg.yield %s1 : f32
+{%- endmacro %}
 func.func private @{{ func_name }}(%x: {{ X }}) -> {{ Y }} {{ h.identity({"dim_size": N, "log": log, "out_dtype": out_dtype}) }} {
 {{ L.sizes("%x") }}
 {% if 0 in [M, N, K] %}
@@ -51,36 +66,20 @@ func.func private @{{ func_name }}(%x: {{ X }}) -> {{ Y }} {{ h.identity({"dim_s
 {% if lanes > 1 %}
   {#- A row (K == 1, N static) reduces in lanes (h.lanes). #}
   {% call h.row_sums("maxs", ["%x"], [dtype], [], 1, M, N, lanes, "%dim_m", "arith.maximumf", "0xFF800000") %}
-  ^bb0(%xin: {{ dtype }}, %m: f32):
-    {{ h.to_f32("xf", "xin", dtype) }}
-    %m1 = arith.maximumf %m, {{ h.f32ref("xf", "xin", dtype) }} : f32
-    linalg.yield %m1 : f32
+{{ max_body() }}
   {% endcall %}
   {% call h.row_sums("sums", ["%x"], [dtype], ["%maxs#0"], 1, M, N, lanes, "%dim_m") %}
-  ^bb0(%xin: {{ dtype }}, %m: f32, %s: f32):
-    {{ h.to_f32("xf", "xin", dtype) }}
-    %d = arith.subf {{ h.f32ref("xf", "xin", dtype) }}, %m : f32
-    %e = math.exp %d : f32
-    %s1 = arith.addf %s, %e : f32
-    linalg.yield %s1 : f32
+{{ sum_body() }}
   {% endcall %}
 {% set max, sum = "%maxs#0", "%sums#0" %}
 {% else %}
   %max = linalg.generic {indexing_maps = [{{ XMAP }}, {{ RMAP }}], iterator_types = {{ RED }}}
       ins(%x : {{ X }}) outs(%row_low : {{ ROW }}) {
-  ^bb0(%xin: {{ dtype }}, %m: f32):
-    {{ h.to_f32("xf", "xin", dtype) }}
-    %m1 = arith.maximumf %m, {{ h.f32ref("xf", "xin", dtype) }} : f32
-    linalg.yield %m1 : f32
+{{ max_body() }}
   } -> {{ ROW }}
   %sum = linalg.generic {indexing_maps = [{{ XMAP }}, {{ RMAP }}, {{ RMAP }}], iterator_types = {{ RED }}}
       ins(%x, %max : {{ X }}, {{ ROW }}) outs(%row_zero : {{ ROW }}) {
-  ^bb0(%xin: {{ dtype }}, %m: f32, %s: f32):
-    {{ h.to_f32("xf", "xin", dtype) }}
-    %d = arith.subf {{ h.f32ref("xf", "xin", dtype) }}, %m : f32
-    %e = math.exp %d : f32
-    %s1 = arith.addf %s, %e : f32
-    linalg.yield %s1 : f32
+{{ sum_body() }}
   } -> {{ ROW }}
 {% set max, sum = "%max", "%sum" %}
 {% endif %}

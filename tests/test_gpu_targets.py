@@ -21,9 +21,12 @@ from test_composites import ROWS
 TARGETS = ["cuda:sm_80", "rocm:gfx942"]
 
 
-def _lowered(name, dtype, target="llvm-cpu"):
+def _lowered(name, dtype, target="llvm-cpu", shape=None):
+    """The lowered module of one call of composite `name` for `target`, on `shape` (default:
+    64 x 256, or the row's small shape where it is not 2-D)."""
     row = ROWS[name]
-    shape = (64, 256) if len(row.small) == 2 else row.small  # attention's is (B, H, L, S, D)
+    if shape is None:
+        shape = (64, 256) if len(row.small) == 2 else row.small  # attention's is (B, H, L, S, D)
     args, kwargs = row.make(shape, dtype, True, row.variants[0])
     op = composites.by_name(name).op
     tensors = [a for a in args if isinstance(a, torch.Tensor)]

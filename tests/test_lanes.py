@@ -10,35 +10,14 @@ import re
 
 import pytest
 import torch
-from torch.fx.experimental.proxy_tensor import make_fx
 
-from boo_backend import composites, match
-from boo_backend.config import Options
-from boo_backend.lower import lower
-from boo_backend.partition import retrace
-from test_composites import ROWS
+from test_gpu_targets import _lowered
 
 ROWS_REDUCED = ["native_layer_norm", "rms_norm", "_softmax", "_log_softmax"]
 
 
-def _kernel_mlir(name: str, width: int, kind: str) -> str:
-    """The lowered module of one call of composite `name` on [64, width] f32 for target `kind`."""
-    row = ROWS[name]
-    args, kwargs = row.make((64, width), torch.float32, True, row.variants[0])
-    op = composites.by_name(name).op
-    positions = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
-
-    def fn(*ts):
-        full = list(args)
-        for i, t in zip(positions, ts):
-            full[i] = t
-        return op(*full, **kwargs)
-
-    tensors = [args[i] for i in positions]
-    opts = Options.resolve()
-    gm = retrace(make_fx(fn, tracing_mode="fake")(*tensors), tensors, match.canonical_table(opts))
-    assert match.apply(gm, opts, kind) == [name]
-    return lower(gm).mlir
+def _kernel_mlir(name: str, width: int, target: str) -> str:
+    return _lowered(name, torch.float32, target, shape=(64, width))
 
 
 @pytest.mark.parametrize("name", ROWS_REDUCED)
@@ -53,4 +32,4 @@ def test_cpu_kernels_reduce_rows_in_lanes(name, width, lanes):
 
 @pytest.mark.parametrize("name", ROWS_REDUCED)
 def test_gpu_kernels_reduce_across_the_row(name):
-    assert "x48x16xf32" not in _kernel_mlir(name, 768, "cuda")
+    assert "x48x16xf32" not in _kernel_mlir(name, 768, "cuda:sm_80")
