@@ -149,11 +149,12 @@ attributes {boo.composite = "{{ composite }}", boo.version = {{ version }} : i64
 #iree_cpu.lowering_config<vector_inner_parallel = {{ inner }}>
 {%- endmacro %}
 
-{#- Row reductions in lanes. A reduction over a row of N elements that IREE's CPU code keeps
-    in one vector register reduces that vector to a scalar at every step (several times
-    slower than eager's kernels on AVX-512); over the row viewed as [N / L, L] with the L
+{#- Row reductions in lanes. IREE's CPU code for a reduction across a row can reduce its
+    vector to a scalar at every step (it did for layer norm's two-result reduction: 2-3x
+    slower than eager's kernel on AVX-512); over the row viewed as [N / L, L] with the L
     lanes a parallel dim, each step is one vector add, and the L partial sums are added
-    once at the end. `lanes(N)` is the L a kernel uses: on the CPU 16, or 8 where N is not a
+    once at the end (bench/RESULTS.md: layer norm, RMS norm and softmax forward gain; the
+    softmax backward lost, and keeps its row form). `lanes(N)` is the L a kernel uses: on the CPU 16, or 8 where N is not a
     multiple of 16 (GPU reductions stay across the row). -#}
 {% macro lanes(N) -%}
 {{ 1 if target != "llvm-cpu" or N is none or N <= 16 else 16 if N % 16 == 0 else 8 if N % 8 == 0 else 1 }}
