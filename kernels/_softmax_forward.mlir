@@ -8,6 +8,8 @@
 {% import "_softmax_layout.mlir" as L with context %}
 {% set SHAPE, X, Y, ROW, XMAP, RMAP, RED, PAR = L.SHAPE, L.X, L.Y, L.ROW, L.XMAP, L.RMAP, L.RED, L.PAR %}
 {% set SIZES, ROW_SHAPE, ROW_SIZES = L.SIZES, L.ROW_SHAPE, L.ROW_SIZES %}
+{#- A row over the last dim (K == 1, N static) reduces in lanes on the CPU (h.lanes). -#}
+{% set lanes = h.lanes(N)|int if K == 1 else 1 %}
 {#- The bodies of the two reductions: the row maximum, and the sum of exponentials past it. -#}
 {% macro max_body() -%}
   ^bb0(%xin: {{ dtype }}, %m: f32):
@@ -29,7 +31,7 @@ func.func private @{{ func_name }}(%x: {{ X }}) -> {{ Y }} {{ h.identity({"dim_s
   {#- Nothing to compute; IREE 3.13 crashes on reductions over zero rows. -#}
   %out = {{ h.empty(SHAPE, out_dtype, SIZES) }}
   return %out : {{ Y }}
-{% elif not log and not (K == 1 and h.lanes(N)|int > 1) %}
+{% elif not log and lanes == 1 %}
   {#- IREE's own softmax op: it forms one dispatch and codegen knows it. #}
 {% set XF = h.tensor(SHAPE, "f32") %}
 {% if dtype != "f32" %}
@@ -57,14 +59,7 @@ func.func private @{{ func_name }}(%x: {{ X }}) -> {{ Y }} {{ h.identity({"dim_s
 {% endif %}
 {% else %}
   {% call h.dispatch_region("sm", ["%out"], [Y], L.DIMS) %}
-  %zero = arith.constant 0.0 : f32
-  %neg_inf = arith.constant 0xFF800000 : f32
-  %row_empty = {{ h.empty(ROW_SHAPE, "f32", ROW_SIZES) }}
-  %row_zero = linalg.fill ins(%zero : f32) outs(%row_empty : {{ ROW }}) -> {{ ROW }}
-  %row_low = linalg.fill ins(%neg_inf : f32) outs(%row_empty : {{ ROW }}) -> {{ ROW }}
-{% set lanes = h.lanes(N)|int if K == 1 else 1 %}
 {% if lanes > 1 %}
-  {#- A row (K == 1, N static) reduces in lanes (h.lanes). #}
   {% call h.row_sums("maxs", ["%x"], [dtype], [], 1, M, N, lanes, "%dim_m", "arith.maximumf", "0xFF800000") %}
 {{ max_body() }}
   {% endcall %}
@@ -73,6 +68,11 @@ func.func private @{{ func_name }}(%x: {{ X }}) -> {{ Y }} {{ h.identity({"dim_s
   {% endcall %}
 {% set max, sum = "%maxs#0", "%sums#0" %}
 {% else %}
+  %zero = arith.constant 0.0 : f32
+  %neg_inf = arith.constant 0xFF800000 : f32
+  %row_empty = {{ h.empty(ROW_SHAPE, "f32", ROW_SIZES) }}
+  %row_zero = linalg.fill ins(%zero : f32) outs(%row_empty : {{ ROW }}) -> {{ ROW }}
+  %row_low = linalg.fill ins(%neg_inf : f32) outs(%row_empty : {{ ROW }}) -> {{ ROW }}
   %max = linalg.generic {indexing_maps = [{{ XMAP }}, {{ RMAP }}], iterator_types = {{ RED }}}
       ins(%x : {{ X }}) outs(%row_low : {{ ROW }}) {
 {{ max_body() }}

@@ -23,7 +23,6 @@ func.func private @{{ func_name }}(%x: {{ X }}{% if has_weight %}, %w: {{ W }}{%
   {{ h.dim(m[1:], "%x", 0, X) }}
 {% endif %}
   {% call h.dispatch_region("rms", ["%out", "%rstd_out"], [Y, STAT], [] if M is not none else [m, m]) %}
-  %zero = arith.constant 0.0 : f32
   %n = arith.constant {{ "%.1f"|format(N) }} : f32
   %eps = arith.constant {{ "%.17e"|format(eps) }} : f32
   %row_empty = {{ h.empty([M], "f32", [m]) }}
