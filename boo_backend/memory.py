@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import bisect
 
+import numpy as np
 import torch
 
 
@@ -62,11 +63,39 @@ def _inside(spans: list[tuple[int, int, int]]):
 POOLED = ("local-task",)
 
 
+# torch's copies run on its OpenMP threads, and with OMP_WAIT_POLICY unset (the default) the
+# worker thread then spins for about 7 ms before it sleeps. An IREE local-task call in those
+# ms shares a core with it: a 3.2 ms backward part of the MLP step took 6.7 ms after the copy
+# of its own results, and 3.5 ms when that copy ran on one thread (bench/RESULTS.md, sixth
+# session). So the copies around IREE calls run on the calling thread, through numpy, which
+# takes no OpenMP threads. Past _PARALLEL_COPY bytes the copy itself costs more than the spin
+# (64 MB of fresh memory: 21 ms on torch's two threads, 36 ms on one) and goes to torch.
+_PARALLEL_COPY = 32 << 20
+_SAME_SIZE_INT = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def copy_into(out: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+    """out[...] = t (same shape and dtype; any strides), on the calling thread for a CPU
+    copy of fewer than _PARALLEL_COPY bytes (see there). Returns `out`."""
+    bits = _SAME_SIZE_INT.get(t.element_size())
+    if (bits is None or t.device.type != "cpu" or out.device.type != "cpu" or t.dtype != out.dtype
+            or t.dtype.is_complex or t.is_quantized or t.layout != torch.strided or not t.numel()
+            or t.numel() * t.element_size() >= _PARALLEL_COPY or t.is_neg()):
+        return out.copy_(t)
+    np.copyto(out.detach().view(bits).numpy(), t.detach().view(bits).numpy())
+    return out
+
+
+def dense_copy(t: torch.Tensor) -> torch.Tensor:
+    """A fresh, dense copy of `t` (see copy_into)."""
+    return copy_into(torch.empty(t.shape, dtype=t.dtype, device=t.device), t)
+
+
 def out_of_pool(results: list[torch.Tensor], spans: list[tuple[int, int, int]]) -> list[torch.Tensor]:
     """The results, each copied into torch's memory (see POOLED), except a result in an
     argument's memory (`spans`, from spans(): IREE wrote into it), which is not the pool's."""
     inside = _inside(spans)
-    return [torch.empty_like(r).copy_(r) if r.numel() and not inside(r.data_ptr()) else r for r in results]
+    return [dense_copy(r) if r.numel() and not inside(r.data_ptr()) else r for r in results]
 
 
 def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -89,6 +118,6 @@ def unalias(results: list[torch.Tensor], spans: list[tuple[int, int, int]]) -> l
             continue
         p = r.data_ptr()
         if p in seen or inside(p):
-            results[i] = r.clone()
+            results[i] = dense_copy(r)
         seen.add(results[i].data_ptr())
     return results

@@ -58,8 +58,7 @@ def _importable(t: torch.Tensor | int, copy: bool = False, device: torch.device 
     if not (copy or moved) and t.numel() and t.is_contiguous() and t.data_ptr() % _ALIGN == 0:
         return t
     out = torch.empty(t.shape, dtype=t.dtype, device=device or (t.device if not moved else "cpu"))
-    out.copy_(t)
-    return out
+    return memory.copy_into(out, t)
 
 
 def _elsewhere(tensors: list, on_gpu: bool) -> torch.device | None:
