@@ -112,6 +112,9 @@ class _Loaded:
 # training step does not (its workers sleep between calls and share the cores with torch's
 # threads). Measured on the main job's graphs: 92 against 90 us and 107 against 108 us back
 # to back, yet the step took 0.57-0.67 ms on local-sync against 0.64-0.81 ms on local-task.
+# Each timed call follows a torch parallel region (_after_torch_work), as a part between
+# ATen's kernels does in the step: with OMP_WAIT_POLICY unset, torch's worker then spins for
+# about 7 ms on one of the cores local-task's workers want (memory._PARALLEL_COPY).
 # A winner other than the target's default driver must win again over as many more rounds
 # (one stalled sample must not send a large graph to a single core). A first call slower
 # than _MEASURE_LIMIT seconds skips all this and keeps local-task: such a graph does enough
@@ -254,6 +257,7 @@ class IreeFunction:
         self._decide(best, ", ".join(f"{d} {t * 1e6:.0f} us" for d, t in times.items()))
 
     def _timed_invoke(self, loaded: _Loaded, passed, num_results) -> float:
+        _after_torch_work()
         start = time.perf_counter()
         loaded.run(passed, num_results, self.sync)
         return time.perf_counter() - start
@@ -311,6 +315,17 @@ def _arguments(device: rt.HalDevice, passed: list[torch.Tensor]) -> rt.VmVariant
 
 
 @functools.cache
+@functools.cache
+def _parallel_work() -> torch.Tensor:
+    return torch.empty(1 << 17)  # past ATen's grain size (32768): its fill runs on all threads
+
+
+def _after_torch_work() -> None:
+    """Leave torch's OpenMP threads as an ATen kernel leaves them (see _ROUNDS)."""
+    if torch.get_num_threads() > 1:
+        _parallel_work().fill_(1.0)
+
+
 def _hint_wait_policy() -> None:
     """Once per process: torch's OpenMP threads spin for a while after each parallel region
     unless OMP_WAIT_POLICY=PASSIVE, and on a small machine they take the cores IREE's
