@@ -1,7 +1,7 @@
 """One IREE part of a graph: a lowered graph with its compiled module, mapping the graph's
 inputs to IREE's arguments and IREE's results back to the graph's outputs, in eager's layout.
 
-Imports lower, runtime and partition (for the ATen kernels' ops) from boo_backend.
+Imports lower, runtime, memory and partition (for the ATen kernels' ops) from boo_backend.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import operator
 import torch
 import torch.fx as fx
 
-from . import symbolic
+from . import memory, symbolic
 from .lower import Lowered, output_texts
 from .partition import ATEN_MEASURED
 from .runtime import IreeFunction
@@ -45,7 +45,7 @@ def _restrided(r: torch.Tensor, shape, stride) -> torch.Tensor:
     result) keep one copy of the data and are expanded as a view, as in eager."""
     kept = [n if st or n == 1 else 1 for n, st in zip(shape, stride)]
     compact = r[tuple(slice(0, k) for k in kept)]
-    out = torch.empty_strided(kept, stride, dtype=r.dtype, device=r.device).copy_(compact)
+    out = memory.copy_into(torch.empty_strided(kept, stride, dtype=r.dtype, device=r.device), compact)
     return out if kept == list(shape) else out.as_strided(shape, stride)
 
 
