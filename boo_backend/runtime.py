@@ -315,7 +315,6 @@ def _arguments(device: rt.HalDevice, passed: list[torch.Tensor]) -> rt.VmVariant
 
 
 @functools.cache
-@functools.cache
 def _parallel_work() -> torch.Tensor:
     return torch.empty(1 << 17)  # past ATen's grain size (32768): its fill runs on all threads
 
@@ -326,6 +325,7 @@ def _after_torch_work() -> None:
         _parallel_work().fill_(1.0)
 
 
+@functools.cache
 def _hint_wait_policy() -> None:
     """Once per process: torch's OpenMP threads spin for a while after each parallel region
     unless OMP_WAIT_POLICY=PASSIVE, and on a small machine they take the cores IREE's

@@ -59,6 +59,39 @@ def test_auto_driver_is_measured_once_then_remembered(monkeypatch, tmp_path):
     assert boo_backend.placements()[0].drivers == placement.drivers
 
 
+def test_each_timed_driver_call_follows_torch_work(monkeypatch, tmp_path):
+    """The driver choice meets the cores as a part between ATen kernels does (runtime._ROUNDS)."""
+    from boo_backend import runtime
+
+    events = []
+    monkeypatch.setattr(runtime, "_after_torch_work", lambda: events.append("torch"))
+    original = runtime._Loaded.run
+
+    def run(self, *args, **kwargs):
+        events.append("iree")
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(runtime._Loaded, "run", run)
+    _fresh_cache(monkeypatch, tmp_path)
+    x, w = _inputs()
+    assert_close(torch.compile(_gelu_scale, backend="boo")(x, w), _gelu_scale(x, w))
+    timed = events[events.index("torch"):]
+    assert timed.count("torch") >= 2 * 3, events  # both drivers, _ROUNDS calls each at least
+    assert all(b == "iree" for a, b in zip(timed, timed[1:]) if a == "torch"), events
+
+
+def test_the_openmp_hint_is_logged_once(monkeypatch, caplog):
+    from boo_backend import runtime
+
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
+    runtime._hint_wait_policy.cache_clear()
+    with caplog.at_level("INFO", logger="boo_backend"):
+        runtime._hint_wait_policy()
+        runtime._hint_wait_policy()
+    assert sum("OMP_WAIT_POLICY=PASSIVE" in r.getMessage() for r in caplog.records) == 1
+
+
 def test_bad_driver_and_matmul_settings_are_refused():
     with pytest.raises(BooError, match="cpu_driver"):
         Options.resolve({"cpu_driver": "threads"})
