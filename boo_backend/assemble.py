@@ -10,6 +10,7 @@ runtime, cache and config from boo_backend.
 from __future__ import annotations
 
 import copy
+import hashlib
 import logging
 import operator
 import re
@@ -240,10 +241,19 @@ class Assembly:
                     drivers[part] = chosen
                     self.cache.put_json(key, {"driver": chosen})
                 remember = store
+        # What the first call finds IREE writing into is the compiled module's own property.
+        writes_key = self.cache.key("arg-writes", hashlib.sha256(vmfb).hexdigest())
+        known = self.cache.get_json(writes_key)
+        checked = frozenset(known["writes"]) if known else None
+
+        def store_writes(found: frozenset[int]) -> None:
+            self.cache.put_json(writes_key, {"writes": sorted(found)})
+
         with timed("load"):
             function = IreeFunction(vmfb, target, graph=name, writes=frozenset(lowered.writes),
                                     driver=driver, remember=remember, sync=self.opts.sync,
-                                    measure_scale=self.opts.measure_scale)
+                                    measure_scale=self.opts.measure_scale, checked=checked,
+                                    remember_writes=store_writes)
         if function.driver:
             drivers[part] = function.driver
         return function

@@ -136,13 +136,17 @@ class IreeFunction:
 
     `driver` names the runtime driver; None lets the function choose among the target's
     drivers by timing its first calls (see _ROUNDS), and tells `remember` what it chose.
+    `checked`: what an earlier process's first-call check found this module writes into (the
+    check is then skipped: it clones every argument passed zero-copy, a second or more of a
+    large model's warm start); else the check runs and tells `remember_writes` what it found.
     A GPU module is loaded once per gpu.Queue (a torch device, and on ROCm a stream) it is
     called on. `sync`: wait for the device after every call (BOO_SYNC).
     """
 
     def __init__(self, vmfb: bytes, target: Target, name: str = "main", graph: str = "?",
                  writes: frozenset[int] = frozenset(), driver: str | None = None,
-                 remember=None, sync: bool = False, measure_scale: int = 1):
+                 remember=None, sync: bool = False, measure_scale: int = 1,
+                 checked: frozenset[int] | None = None, remember_writes=None):
         self.target = target
         self.measure_scale = measure_scale
         self.graph = graph
@@ -151,7 +155,9 @@ class IreeFunction:
         self._module = rt.VmModule.copy_buffer(_instance(), vmfb)
         self._loaded: dict = {}
         self.writes = set(writes)
-        self._checked = False
+        self._checked = checked is not None
+        self.writes |= checked or set()
+        self._remember_writes = remember_writes
         # IREE contexts are not re-entrant; serialize calls from several threads.
         self._lock = threading.Lock()
         self._remember = remember
@@ -160,6 +166,7 @@ class IreeFunction:
         if driver is not None and driver not in choices:
             raise BooRuntimeError(f"boo: driver {driver!r} cannot run {target.name} modules; use one of {choices}")
         self.driver = driver if driver is not None or len(choices) > 1 else choices[0]
+        self._choosing = self.driver is None  # until the first call has chosen it
         if not self._gpu:  # a GPU module is loaded on its first call's device (_on_gpu)
             self._use(self.driver or target.driver)
 
@@ -201,16 +208,20 @@ class IreeFunction:
                 for i in shared:
                     passed[i] = _importable(passed[i], True, device)
                 spans = memory.spans(passed)
-        if not self._checked:
+        if not self._checked or self._choosing:
             return self._first_call(tensors, passed, spans, num_results)
         return self._invoke(tensors, passed, spans, num_results, donated)
 
     def _first_call(self, tensors, passed, spans, num_results):
         start = time.perf_counter()
-        results = self._checked_call(tensors, passed, spans, num_results)
+        if self._checked:
+            results = self._invoke(tensors, passed, spans, num_results)
+        else:
+            results = self._checked_call(tensors, passed, spans, num_results)
         if self.driver is None:
             with timed("driver_choice"):
                 self._choose(time.perf_counter() - start, passed, num_results)
+        self._choosing = False
         return results
 
     def _checked_call(self, tensors, passed, spans, num_results):
@@ -224,6 +235,8 @@ class IreeFunction:
         results = self._invoke(tensors, passed, spans, num_results)
         written = {i for i in zero_copy if not memory.same_bits(before[i], tensors[i])}
         self._checked = True
+        if self._remember_writes is not None and len(zero_copy) == sum(isinstance(t, torch.Tensor) for t in tensors):
+            self._remember_writes(frozenset(self.writes | written))
         if not written:
             return results
         log.debug("boo: IREE wrote into arguments %s of graph %s; passing copies from now on",

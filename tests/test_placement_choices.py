@@ -92,6 +92,72 @@ def test_the_openmp_hint_is_logged_once(monkeypatch, caplog):
     assert sum("OMP_WAIT_POLICY=PASSIVE" in r.getMessage() for r in caplog.records) == 1
 
 
+def test_the_first_call_write_check_is_remembered(monkeypatch, tmp_path):
+    """A later process (here: a new compile on the same disk cache) trusts what the first
+    call's check found and clones nothing."""
+    checks = []
+    original = IreeFunction._checked_call
+
+    def counting(self, *args):
+        checks.append(self.graph)
+        return original(self, *args)
+
+    monkeypatch.setattr(IreeFunction, "_checked_call", counting)
+    _fresh_cache(monkeypatch, tmp_path)
+    x, w = _inputs()
+    assert_close(torch.compile(_gelu_scale, backend="boo")(x, w), _gelu_scale(x, w))
+    assert len(checks) == 1
+    torch._dynamo.reset()
+    boo_backend.reset()
+    for _ in range(2):
+        assert_close(torch.compile(_gelu_scale, backend="boo")(x, w), _gelu_scale(x, w))
+    assert len(checks) == 1, "the write check ran again"
+
+
+_ADD_ONE = """
+func.func @main(%a: !torch.vtensor<[64],f32>) -> !torch.vtensor<[64],f32> {
+  %int1 = torch.constant.int 1
+  %0 = torch.aten.add.Scalar %a, %int1, %int1 : !torch.vtensor<[64],f32>, !torch.int, !torch.int -> !torch.vtensor<[64],f32>
+  return %0 : !torch.vtensor<[64],f32>
+}
+"""
+
+
+def _add_one(tmp_path, **kwargs):
+    from boo_backend.cache import CompileCache
+    from boo_backend.compile import compile_mlir, parse_target
+
+    target = parse_target("llvm-cpu")
+    vmfb = compile_mlir(_ADD_ONE, target, CompileCache(tmp_path, enabled=False))
+    return IreeFunction(vmfb, target, graph="add one", driver="local-sync", **kwargs)
+
+
+def test_remembered_writes_are_passed_as_copies(tmp_path, monkeypatch):
+    from boo_backend import runtime
+
+    passed = []
+    original = runtime._Loaded.run
+    monkeypatch.setattr(runtime._Loaded, "run", lambda self, p, *a, **k: passed.append(p[0]) or original(self, p, *a, **k))
+    x = torch.randn(64)
+    for checked, copied in ((frozenset({0}), True), (frozenset(), False)):
+        passed.clear()
+        (out,) = _add_one(tmp_path, checked=checked)([x], 1)
+        assert_close(out, x + 1)
+        assert len(passed) == 1, "a remembered check must not call the module twice"
+        assert (passed[0] is not x) == copied
+
+
+def test_the_write_check_reports_only_when_every_argument_was_checked(tmp_path):
+    found = []
+    function = _add_one(tmp_path, remember_writes=found.append)
+    function([torch.randn(64)], 1)
+    assert found == [frozenset()]
+    found.clear()
+    strided = _add_one(tmp_path, remember_writes=found.append)
+    strided([torch.randn(128)[::2]], 1)  # passed as a copy: IREE's writes into it are not seen
+    assert found == []
+
+
 def test_bad_driver_and_matmul_settings_are_refused():
     with pytest.raises(BooError, match="cpu_driver"):
         Options.resolve({"cpu_driver": "threads"})
