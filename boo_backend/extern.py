@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import math
 import statistics
 import time
 
@@ -132,30 +131,10 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _min_time(fn, device: torch.device, scale: int = 1) -> float:
-    """The fastest of repeated calls of `fn`; `scale` (max-autotune) measures that many times longer."""
-    start = time.perf_counter()
-    fn()  # warm-up
-    _sync(device)
-    least = 1 if time.perf_counter() - start > _LONG_S * scale else 3
-    best, spent, calls = math.inf, 0.0, 0
-    while calls < _MAX_CALLS * scale and (spent < _BUDGET_S * scale or calls < least):
-        start = time.perf_counter()
-        fn()
-        _sync(device)
-        elapsed = time.perf_counter() - start
-        best, spent, calls = min(best, elapsed), spent + elapsed, calls + 1
-    return best
-
-
-def _typical_times(fns: list, device: torch.device, scale: int = 1) -> list[float]:
-    """The median time of each of `fns`, called in turns (one call of each a round), so that
-    every one meets the machine as the others leave it, as ATen's kernels and IREE's calls
-    meet each other in a graph cut between them. The median, not the fastest: on a 2-core VM
-    IREE's local-task calls of a few milliseconds came in two modes, the fast one (4.4 ms for
-    a 512x1408x512 matmul, ATen 4.3) a third of the time and twice that otherwise, so the
-    fastest call made IREE look as fast as ATen where it took twice ATen's time in the step.
-    Budget as _min_time's, for all of them together."""
+def _timed_rounds(fns: list, device: torch.device, scale: int = 1) -> list[list[float]]:
+    """The times of repeated calls of each of `fns`, called in turns (one call of each a
+    round), until _BUDGET_S seconds each or _MAX_CALLS rounds (at least 3 rounds, or 1 for
+    calls past _LONG_S); `scale` (max-autotune) measures that many times longer."""
     start = time.perf_counter()
     for fn in fns:
         fn()  # warm-up
@@ -170,7 +149,22 @@ def _typical_times(fns: list, device: torch.device, scale: int = 1) -> list[floa
             _sync(device)
             kept.append(time.perf_counter() - start)
             spent += kept[-1]
-    return [statistics.median(kept) for kept in times]
+    return times
+
+
+def _min_time(fn, device: torch.device, scale: int = 1) -> float:
+    """The fastest of repeated calls of `fn` (_timed_rounds)."""
+    return min(_timed_rounds([fn], device, scale)[0])
+
+
+def _typical_times(fns: list, device: torch.device, scale: int = 1) -> list[float]:
+    """The median time of each of `fns`, called in turns (_timed_rounds), so that every one
+    meets the machine as the others leave it, as ATen's kernels and IREE's calls meet each
+    other in a graph cut between them. The median, not the fastest: on a 2-core VM IREE's
+    local-task calls of a few milliseconds came in two modes, the fast one (4.4 ms for a
+    512x1408x512 matmul, ATen 4.3) a third of the time and twice that otherwise, so the
+    fastest call made IREE look as fast as ATen where it took twice ATen's time in the step."""
+    return [statistics.median(kept) for kept in _timed_rounds(fns, device, scale)]
 
 
 def _one_op_graph(node: fx.Node, examples: list[torch.Tensor]) -> fx.GraphModule:

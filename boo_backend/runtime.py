@@ -154,9 +154,8 @@ class IreeFunction:
         self._name = name
         self._module = rt.VmModule.copy_buffer(_instance(), vmfb)
         self._loaded: dict = {}
-        self.writes = set(writes)
+        self.writes = set(writes) | (checked or set())
         self._checked = checked is not None
-        self.writes |= checked or set()
         self._remember_writes = remember_writes
         # IREE contexts are not re-entrant; serialize calls from several threads.
         self._lock = threading.Lock()
@@ -166,7 +165,6 @@ class IreeFunction:
         if driver is not None and driver not in choices:
             raise BooRuntimeError(f"boo: driver {driver!r} cannot run {target.name} modules; use one of {choices}")
         self.driver = driver if driver is not None or len(choices) > 1 else choices[0]
-        self._choosing = self.driver is None  # until the first call has chosen it
         if not self._gpu:  # a GPU module is loaded on its first call's device (_on_gpu)
             self._use(self.driver or target.driver)
 
@@ -208,7 +206,7 @@ class IreeFunction:
                 for i in shared:
                     passed[i] = _importable(passed[i], True, device)
                 spans = memory.spans(passed)
-        if not self._checked or self._choosing:
+        if not self._checked or self.driver is None:  # the first call checks and chooses
             return self._first_call(tensors, passed, spans, num_results)
         return self._invoke(tensors, passed, spans, num_results, donated)
 
@@ -221,7 +219,6 @@ class IreeFunction:
         if self.driver is None:
             with timed("driver_choice"):
                 self._choose(time.perf_counter() - start, passed, num_results)
-        self._choosing = False
         return results
 
     def _checked_call(self, tensors, passed, spans, num_results):

@@ -33,15 +33,21 @@ def test_forced_cpu_driver_runs_and_is_reported(driver):
     assert placement.line().endswith(f"runs on {driver}")
 
 
-def test_auto_driver_is_measured_once_then_remembered(monkeypatch, tmp_path):
-    chosen = []
-    original = IreeFunction._choose
+def _calls_of(monkeypatch, method: str) -> list:
+    """The graphs IreeFunction.`method` is called for, from now on."""
+    calls = []
+    original = getattr(IreeFunction, method)
 
     def counting(self, *args):
-        chosen.append(self.graph)
+        calls.append(self.graph)
         return original(self, *args)
 
-    monkeypatch.setattr(IreeFunction, "_choose", counting)
+    monkeypatch.setattr(IreeFunction, method, counting)
+    return calls
+
+
+def test_auto_driver_is_measured_once_then_remembered(monkeypatch, tmp_path):
+    chosen = _calls_of(monkeypatch, "_choose")
     x, w = _inputs()
     before = (x.clone(), w.clone())
     _fresh_cache(monkeypatch, tmp_path)
@@ -95,14 +101,7 @@ def test_the_openmp_hint_is_logged_once(monkeypatch, caplog):
 def test_the_first_call_write_check_is_remembered(monkeypatch, tmp_path):
     """A later process (here: a new compile on the same disk cache) trusts what the first
     call's check found and clones nothing."""
-    checks = []
-    original = IreeFunction._checked_call
-
-    def counting(self, *args):
-        checks.append(self.graph)
-        return original(self, *args)
-
-    monkeypatch.setattr(IreeFunction, "_checked_call", counting)
+    checks = _calls_of(monkeypatch, "_checked_call")
     _fresh_cache(monkeypatch, tmp_path)
     x, w = _inputs()
     assert_close(torch.compile(_gelu_scale, backend="boo")(x, w), _gelu_scale(x, w))
