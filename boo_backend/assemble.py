@@ -27,7 +27,7 @@ from .compile import (
 from .config import BooError
 from .diagnose import Unlowerable, failing_ops, unlinked_ops
 from .embed import mlir_op_name
-from .lower import Lowered, lower, unregistered_ops
+from .lower import Lowered, lower, unregistered_ops, with_storage
 from .partition import (
     Plan, compute_nodes, decomposition_table, fold_empty, fold_known_sizes, node_places, preparation_table,
     retrace, retrace_symbolic, split_independent, split_islands, wrong_in_iree,
@@ -177,8 +177,7 @@ class Assembly:
             if place == "iree":
                 keys[sub] = blocks.structure_key(getattr(outer, sub))
                 if keys[sub] not in distinct:
-                    with timed("import"):
-                        distinct[keys[sub]] = (sub, lower(getattr(outer, sub)))
+                    distinct[keys[sub]] = (sub, self._lower(getattr(outer, sub), target))
         precompile([low.mlir for _, low in distinct.values()
                     if compute_nodes(low.core) and not unregistered_ops(low.mlir)],
                    target, self.cache, self.opts.compile_timeout)
@@ -194,11 +193,18 @@ class Assembly:
                      self.name, len(set(labels.values()) - {None}), iree_parts, len(built))
         return outer, composites, aten, island
 
+    @staticmethod
+    def _lower(graph: fx.GraphModule, target: Target) -> Lowered:
+        """`graph` lowered; for a CPU module called without fences, with its results written
+        into storage the caller allocates (lower.with_storage)."""
+        with timed("import"):
+            lowered = lower(graph)
+            return with_storage(lowered) if target.is_cpu and not target.fenced else lowered
+
     def _compile_part(self, graph: fx.GraphModule, target: Target, dump, part: str,
                       lowered: Lowered | None = None) -> IreePart:
         if lowered is None:
-            with timed("import"):
-                lowered = lower(graph)
+            lowered = self._lower(graph, target)
         if dump:
             write_atomic(dump / f"{part}.mlir", lowered.mlir)
             flags = compile_flags(target, dynamic=has_dynamic_dims(lowered.mlir), f64=computes_in_f64(lowered.mlir))
@@ -251,6 +257,8 @@ class Assembly:
 
         with timed("load"):
             function = IreeFunction(vmfb, target, graph=name, writes=frozenset(lowered.writes),
+                                    placed=[(j, lowered.result_layouts[j][0], getattr(torch, lowered.result_dtypes[j]))
+                                            for j in lowered.placed],
                                     driver=driver, remember=remember, sync=self.opts.sync,
                                     measure_scale=self.opts.measure_scale, checked=checked,
                                     remember_writes=store_writes)

@@ -76,13 +76,16 @@ def _elsewhere(tensors: list, on_gpu: bool) -> torch.device | None:
 class _Loaded:
     """The module loaded on one HAL device: its context and `main`, and for a module that
     takes fences (every GPU module), the gpu.Queue that supplies them. `pooled`: the device
-    hands out results from a pool that must get them back soon (see memory.POOLED)."""
+    hands out results from a pool that must get them back soon (see memory.POOLED).
+    `placed`: (result index, shape, dtype) of each result the module writes into storage
+    passed after its arguments (lower.with_storage)."""
 
     def __init__(self, module: rt.VmModule, device: rt.HalDevice, name: str, graph: str,
-                 queue: "gpu.Queue | None" = None, pooled: bool = False):
+                 queue: "gpu.Queue | None" = None, pooled: bool = False, placed=()):
         inst = _instance()
         self.device = device
         self.pooled = pooled
+        self.placed = placed
         self.context = rt.VmContext(inst, [rt.create_hal_module(inst, device), module])
         if queue is not None:
             name += "$async"
@@ -95,15 +98,32 @@ class _Loaded:
         """`spans`: memory.spans(passed), where the caller has it already."""
         args = _arguments(self.device, passed)
         if self.queue is not None:
-            out = self.queue.export(self.queue.invoke(self.context, self.function, args, num_results, sync))
-        else:
-            results = rt.VmVariantList(num_results)
-            self.context.invoke(self.function, args, results)
-            out = [gpu.export_tensor(self.device, results.get_as_object(i, rt.HalBufferView), gpu.DLPACK_CPU, 0)
-                   for i in range(len(results))]
-        if not self.pooled:
-            return out
-        return memory.out_of_pool(out, memory.spans(passed) if spans is None else spans)
+            return self.queue.export(self.queue.invoke(self.context, self.function, args, num_results, sync))
+        storage = [torch.empty(shape, dtype=dtype) for _, shape, dtype in self.placed]
+        for t in storage:
+            args.push_ref(_storage(self.device, t).ref)
+        results = rt.VmVariantList(num_results - len(storage))
+        self.context.invoke(self.function, args, results)
+        out = [gpu.export_tensor(self.device, results.get_as_object(i, rt.HalBufferView), gpu.DLPACK_CPU, 0)
+               for i in range(len(results))]
+        if self.pooled and out:
+            out = memory.out_of_pool(out, memory.spans(passed) if spans is None else spans)
+        for (j, _, _), t in zip(self.placed, storage):
+            out.insert(j, t)
+        return out
+
+
+# Storage for placed results is imported as host memory IREE may write in full: a DLPack
+# import allows READ|WRITE only, and local-sync's writes of a whole buffer ask for DISCARD_WRITE.
+_STORAGE_MEMORY = int(rt.MemoryType.DEVICE_LOCAL) | int(rt.MemoryType.HOST_VISIBLE)
+_STORAGE_USAGE = int(rt.BufferUsage.DEFAULT) | int(rt.BufferUsage.MAPPING)
+
+
+def _storage(device: rt.HalDevice, t: torch.Tensor) -> rt.HalBufferView:
+    """A fresh, dense CPU tensor as a buffer view IREE writes a result into, zero-copy."""
+    raw = t.view(memory.SAME_SIZE_INT[t.element_size()]).numpy()
+    buffer = device.allocator.import_host_allocation(raw, _STORAGE_MEMORY, _STORAGE_USAGE)
+    return buffer.create_view(rt.Shape(list(t.shape)), t.element_size())
 
 
 # How a CPU module picks its driver when BOO_CPU_DRIVER=auto: after its first call, it is
@@ -134,6 +154,8 @@ class IreeFunction:
     the first call finds changed: that call keeps a snapshot of the arguments it passes
     zero-copy, restores any that IREE wrote, and runs again with copies.
 
+    `placed`: (result index, shape, dtype) of the results written into storage that each
+    call allocates (lower.with_storage; CPU modules without fences only).
     `driver` names the runtime driver; None lets the function choose among the target's
     drivers by timing its first calls (see _ROUNDS), and tells `remember` what it chose.
     `checked`: what an earlier process's first-call check found this module writes into (the
@@ -146,8 +168,9 @@ class IreeFunction:
     def __init__(self, vmfb: bytes, target: Target, name: str = "main", graph: str = "?",
                  writes: frozenset[int] = frozenset(), driver: str | None = None,
                  remember=None, sync: bool = False, measure_scale: int = 1,
-                 checked: frozenset[int] | None = None, remember_writes=None):
+                 checked: frozenset[int] | None = None, remember_writes=None, placed=()):
         self.target = target
+        self.placed = tuple(placed)
         self.measure_scale = measure_scale
         self.graph = graph
         self.sync = sync
@@ -174,7 +197,7 @@ class IreeFunction:
             # A fenced CPU target (tests) runs the GPU calling convention on the CPU.
             queue = gpu.Queue(device, gpu.DLPACK_CPU, 0, host_wait=True) if self.target.fenced else None
             self._loaded[driver] = _Loaded(self._module, device, self._name, self.graph, queue,
-                                           pooled=driver in memory.POOLED)
+                                           pooled=driver in memory.POOLED, placed=self.placed)
         return self._loaded[driver]
 
     def _use(self, driver: str) -> None:

@@ -154,3 +154,31 @@ def test_slice_assignment_in_a_program():
 
     x, y = torch.randn(9, 5), torch.randn(2, 5)
     assert torch.equal(_compiled(f, x, y), f(x, y))
+
+
+def test_results_are_written_into_storage_the_call_allocates(monkeypatch):
+    """A CPU module writes each result of a known, non-empty shape into a tensor the call
+    allocates (lower.with_storage): every dtype's bits as eager's, and nothing written into
+    the inputs. (`c` returned twice is one result, as in eager.)"""
+    from boo_backend import runtime
+
+    made = []
+    real = runtime._storage
+    monkeypatch.setattr(runtime, "_storage", lambda device, t: made.append(t) or real(device, t))
+    a = torch.randn(37, 129)
+    b = torch.randn(37, 129)
+
+    def f(a, b):
+        c = a * b
+        return (a > b, c.to(torch.bfloat16), c.to(torch.float16), torch.argmax(a, 1), c, c,
+                (c * 255).clamp(0, 255).to(torch.uint8), c[:, :0] + 1, c.sum())
+
+    ours, ref = _compiled(f, a, b), f(a, b)
+    distinct = {id(r) for r in ref if r.numel()}
+    assert made and len(made) % len(distinct) == 0  # each call: all but the empty result
+    for o, r in zip(ours, ref):
+        assert o.dtype == r.dtype and o.shape == r.shape
+        assert torch.equal(o, r) if r.dtype != torch.float32 or r.dim() else torch.allclose(o, r)
+    storage = {t.data_ptr() for t in made}
+    assert {o.data_ptr() for o in ours if o.numel()} <= storage
+    assert a.data_ptr() not in storage and b.data_ptr() not in storage

@@ -69,14 +69,15 @@ def test_matmul_with_two_equal_dynamic_dims_on_the_default_data_tiling_path(tmp_
     assert _worst_error(target, tmp_path) < 1e-5
 
 
-def _pool_growth_mb(tmp_path, calls: int = 600) -> float:
+def _pool_growth_mb(tmp_path, calls: int = 600, storage: bool = False) -> float:
     """How much the process grows (MB) over the last three quarters of `calls` local-task
     calls whose results torch frees in a random order, a few dozen calls later (as a
     training step frees its activations and gradients); the first quarter fills the
-    working set."""
+    working set. `storage`: the modules write their results into storage the call allocates
+    (lower.with_storage), as boo builds CPU modules."""
     from torch.fx.experimental.proxy_tensor import make_fx
 
-    from boo_backend.lower import lower
+    from boo_backend.lower import lower, with_storage
 
     target = parse_target("llvm-cpu")
     cache = CompileCache(tmp_path, enabled=False)
@@ -84,8 +85,11 @@ def _pool_growth_mb(tmp_path, calls: int = 600) -> float:
     for n in (512 * 1024, 3 * 1000 * 1000, 700 * 1024, 2 * 1024 * 1024 + 17):
         x = torch.randn(n)
         graph = make_fx(lambda a: (a * 2, (a + 1).exp(), a.sum()), tracing_mode="fake")(x)
-        vmfb = compile_mlir(lower(graph).mlir, target, cache)
-        functions.append((IreeFunction(vmfb, target, graph=f"pool {n}", driver="local-task"), x))
+        lowered = with_storage(lower(graph)) if storage else lower(graph)
+        assert len(lowered.placed) == (3 if storage else 0)
+        placed = [(j, lowered.result_layouts[j][0], torch.float32) for j in lowered.placed]
+        vmfb = compile_mlir(lowered.mlir, target, cache)
+        functions.append((IreeFunction(vmfb, target, graph=f"pool {n}", driver="local-task", placed=placed), x))
 
     def rss_mb() -> float:
         with open("/proc/self/statm") as f:
@@ -108,6 +112,15 @@ def _pool_growth_mb(tmp_path, calls: int = 600) -> float:
 
 def test_local_task_results_freed_late_do_not_grow_the_process(tmp_path):
     assert _pool_growth_mb(tmp_path) < 400  # without the copy: about 2 GB
+
+
+def test_results_in_caller_storage_do_not_grow_the_process(tmp_path, monkeypatch):
+    from boo_backend import memory
+
+    copies = []
+    monkeypatch.setattr(memory, "out_of_pool", lambda out, spans: copies.append(out) or out)
+    assert _pool_growth_mb(tmp_path, storage=True) < 400
+    assert not copies  # nothing came from the pool, so nothing was copied out of it
 
 
 @pytest.mark.xfail(strict=True, reason="IREE 3.13's local-task pool does not reuse blocks of results freed late")
