@@ -148,6 +148,7 @@ class Assembly:
             call = node.meta.pop(match.META_KEY, None)
             if call is not None:
                 composites.remove(call.entry.name)
+        extern_nodes = extern.fold_adds(graph, extern_nodes)
         places = node_places(graph, plan, extern_nodes)
         aten = sum(p == "aten" and n.target is not operator.getitem for n, p in places.items())
         island = sum(p == "eager" and n.target is not operator.getitem for n, p in places.items())

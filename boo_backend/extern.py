@@ -307,3 +307,48 @@ def choose(graph: fx.GraphModule, mode: str, target: Target, cache: CompileCache
                  "keeping them in IREE", total * 1e3, len(chosen), cost * 1e3)
         return set()
     return set(chosen)
+
+
+_VIEWS = (aten.view.default, aten._unsafe_view.default, aten.reshape.default)
+
+
+def fold_adds(graph: fx.GraphModule, chosen: set[fx.Node]) -> set[fx.Node]:
+    """`chosen` (from choose), with each ATen `mm` whose one use is an `add` of a tensor of
+    the same shape and dtype, directly or through a view of the product, made one `addmm`:
+    BLAS adds into the product as it writes it (beta = 1). The add would otherwise be an
+    IREE call of its own between ATen kernels, one more pass over memory: the Llama of
+    bench/scale.py adds its residual and q/k/v input gradients that way, 40 calls a step.
+    Static shapes only."""
+    for mm in [n for n in chosen if n.target is aten.mm.default and len(n.users) == 1]:
+        user, view = next(iter(mm.users)), None
+        if user.op == "call_function" and user.target in _VIEWS and len(user.users) == 1:
+            view, user = user, next(iter(user.users))
+        top = view or mm
+        if not (user.op == "call_function" and user.target is aten.add.Tensor and not user.kwargs
+                and len(user.args) == 2 and top in user.args and user.args[0] is not user.args[1]):
+            continue
+        other = user.args[1] if user.args[0] is top else user.args[0]
+        o, product, out = (getattr(other, "meta", {}).get("val"), mm.meta.get("val"), user.meta.get("val"))
+        if not all(isinstance(v, torch.Tensor) and not symbolic.tensor_is_symbolic(v) for v in (o, product, out)):
+            continue
+        if not (o.dtype == product.dtype == out.dtype and o.shape == out.shape and o.is_contiguous()
+                and (view is None) == (out.shape == product.shape)):
+            continue
+        g = graph.graph
+        with g.inserting_before(user):
+            bias = other if view is None else g.call_function(aten.view.default, (other, list(product.shape)))
+            if view is not None:
+                bias.meta["val"] = o.view(product.shape)
+            fused = g.call_function(aten.addmm.default, (bias, *mm.args))
+            fused.meta = {**mm.meta, "val": aten.addmm.default(bias.meta["val"], *(a.meta["val"] for a in mm.args))}
+            result = fused
+            if view is not None:
+                result = g.call_function(aten.view.default, (fused, list(out.shape)))
+                result.meta = {**view.meta, "val": fused.meta["val"].view(out.shape)}
+        user.replace_all_uses_with(result)
+        for node in (user, view, mm):
+            if node is not None:
+                g.erase_node(node)
+        chosen = (chosen - {mm}) | {fused}
+    graph.recompile()
+    return chosen

@@ -10,7 +10,7 @@ import boo_backend
 from boo_backend import extern
 from boo_backend.config import BooError, Options
 from boo_backend.runtime import IreeFunction
-from util import assert_close, compare_training
+from util import assert_close, close_to_scale, compare_training
 
 
 def _gelu_scale(x, w):
@@ -268,3 +268,54 @@ def test_views_of_aten_matmul_operands_stay_views(monkeypatch, tmp_path):
     for path in modules:
         text = path.read_text()
         assert "torch.aten.permute" not in text and "torch.aten.t " not in text, path
+
+
+class _Residual(nn.Module):
+    """x + W x, through a view ([B, T, D] -> [B*T, D] for the matmul) and directly, and one
+    matmul whose product is read twice (not folded)."""
+
+    def __init__(self, d=131):
+        super().__init__()
+        self.a = nn.Linear(d, d, bias=False)
+        self.b = nn.Linear(d, d, bias=False)
+
+    def forward(self, x):
+        x = x + self.a(x)
+        flat = x.reshape(-1, x.shape[-1])
+        y = self.b(flat)
+        return (flat + self.a(flat)).sum() + (y * y + y).sum()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_an_add_to_an_aten_matmul_becomes_addmm(monkeypatch, tmp_path, dtype):
+    """With the matmuls in ATen, the add of a same-shaped tensor to a product is folded into
+    it (one addmm); a product read twice keeps its add. Values and gradients against a
+    float64 reference, within the dtype's rounding of the largest value."""
+    import copy
+
+    monkeypatch.setenv("BOO_ATEN_MATMUL", "1")
+    _fresh_cache(monkeypatch, tmp_path)
+    folded = []
+    real = extern.fold_adds
+
+    def counting(graph, chosen):
+        out = real(graph, chosen)
+        folded.append(sum(n.target is torch.ops.aten.addmm.default for n in out)
+                      - sum(n.target is torch.ops.aten.addmm.default for n in chosen))
+        return out
+
+    monkeypatch.setattr(extern, "fold_adds", counting)
+    torch.manual_seed(0)
+    model = _Residual()
+    ref_model = copy.deepcopy(model).double()
+    model = model.to(dtype)
+    x = torch.randn(3, 67, 131, generator=torch.Generator().manual_seed(5))
+    ref = ref_model(x.double())
+    ref.backward()
+    ours = torch.compile(model, backend="boo")(x.to(dtype))
+    ours.backward()
+    rel = 1e-4 if dtype == torch.float32 else 3e-2
+    close_to_scale(ours.float(), ref.float(), "loss", rel=rel)
+    for (name, p), (_, r) in zip(model.named_parameters(), ref_model.named_parameters()):
+        close_to_scale(p.grad.double(), r.grad, f"grad of {name}", rel=rel)
+    assert folded and folded[0] == 2, folded  # forward: the view's add and the direct one
