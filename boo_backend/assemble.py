@@ -27,7 +27,8 @@ from .compile import (
 from .config import BooError
 from .diagnose import Unlowerable, failing_ops, unlinked_ops
 from .embed import mlir_op_name
-from .lower import Lowered, lower, unregistered_ops, with_storage
+from .lower import Lowered, lower, unregistered_ops
+from .storage import placed_results, with_storage
 from .partition import (
     Plan, compute_nodes, decomposition_table, fold_empty, fold_known_sizes, node_places, preparation_table,
     retrace, retrace_symbolic, split_independent, split_islands, wrong_in_iree,
@@ -197,7 +198,7 @@ class Assembly:
     @staticmethod
     def _lower(graph: fx.GraphModule, target: Target) -> Lowered:
         """`graph` lowered; for a CPU module called without fences, with its results written
-        into storage the caller allocates (lower.with_storage)."""
+        into storage the caller allocates (storage.with_storage)."""
         with timed("import"):
             lowered = lower(graph)
             return with_storage(lowered) if target.is_cpu and not target.fenced else lowered
@@ -258,8 +259,7 @@ class Assembly:
 
         with timed("load"):
             function = IreeFunction(vmfb, target, graph=name, writes=frozenset(lowered.writes),
-                                    placed=[(j, lowered.result_layouts[j][0], getattr(torch, lowered.result_dtypes[j]))
-                                            for j in lowered.placed],
+                                    placed=placed_results(lowered),
                                     driver=driver, remember=remember, sync=self.opts.sync,
                                     measure_scale=self.opts.measure_scale, checked=checked,
                                     remember_writes=store_writes)

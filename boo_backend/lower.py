@@ -52,7 +52,7 @@ class Lowered:
     # Where each symbol of the sizes above is read in the graph's inputs (symbolic.sources);
     # empty when no output size is symbolic.
     symbols: dict = dataclasses.field(default_factory=dict)
-    # IREE results written into storage the caller passes (see with_storage), in the order of
+    # IREE results written into storage the caller passes (storage.with_storage), in the order of
     # the extra arguments that follow `inputs`; the module returns the others.
     placed: tuple[int, ...] = ()
 
@@ -405,58 +405,3 @@ def lower(gm: fx.GraphModule) -> Lowered:
     return Lowered(text, core, inputs, outputs, layouts, tuple_output, kernels, written_inputs(core), dtypes,
                    symbols)
 
-
-# Element sizes a result placed in caller storage may have: the runtime imports that storage
-# as raw memory, through the integer of the same size (runtime._storage).
-_PLACEABLE_SIZES = (1, 2, 4, 8)
-
-
-def placeable(lowered: Lowered) -> tuple[int, ...]:
-    """The results whose shape is known before the call and not empty: those the caller can
-    allocate."""
-    found = []
-    for j, ((shape, _), dtype) in enumerate(zip(lowered.result_layouts, lowered.result_dtypes)):
-        kind = getattr(torch, dtype, None)
-        if (isinstance(kind, torch.dtype) and not kind.is_complex and kind.itemsize in _PLACEABLE_SIZES
-                and all(isinstance(n, int) for n in shape) and 0 not in shape):
-            found.append(j)
-    return tuple(found)
-
-
-def with_storage(lowered: Lowered) -> Lowered:
-    """`lowered` with each placeable result written into storage its caller passes: `main`
-    takes one more argument per such result (a `!torch.tensor`, which IREE imports as a
-    buffer view and writes with `hal.tensor.alias`) and returns only the others.
-
-    On the CPU, IREE's local-task device otherwise takes results from a pool they must leave
-    at once (memory.POOLED): the copy that moves them costs a pass over fresh memory, 20-27 ms
-    for a 62.5 MiB cross-entropy result of the Llama in bench/scale.py."""
-    placed = placeable(lowered)
-    if not placed:
-        return lowered
-    from torch_mlir import ir as tm_ir
-    from torch_mlir.dialects import torch as torch_d
-
-    context = tm_ir.Context()
-    torch_d.register_dialect(context)
-    context.allow_unregistered_dialects = True  # the composite kernels' torch_c ops (embed)
-    module = tm_ir.Module.parse(lowered.mlir, context)
-    main = next(op for op in module.body.operations
-                if op.operation.name == "func.func" and tm_ir.StringAttr(op.attributes["sym_name"]).value == "main")
-    block = main.regions[0].blocks[0]
-    ret = list(block.operations)[-1]
-    values = list(ret.operands)
-    if len(values) != len(lowered.result_layouts) or "arg_attrs" in main.attributes or "res_attrs" in main.attributes:
-        return lowered  # not the shape import_core gives; keep IREE's own results
-    with tm_ir.Location.unknown(context):
-        storage = [block.add_argument(tm_ir.Type.parse(str(values[j].type).replace("!torch.vtensor", "!torch.tensor", 1)),
-                                      tm_ir.Location.unknown(context)) for j in placed]
-        kept = [v for j, v in enumerate(values) if j not in placed]
-        with tm_ir.InsertionPoint(ret):
-            for j, arg in zip(placed, storage):
-                tm_ir.Operation.create("torch.overwrite.tensor.contents", operands=[values[j], arg])
-            tm_ir.Operation.create("func.return", operands=kept)
-        ret.erase()
-        main.attributes["function_type"] = tm_ir.TypeAttr.get(tm_ir.FunctionType.get(
-            [a.type for a in block.arguments], [v.type for v in kept]))
-    return dataclasses.replace(lowered, mlir=str(module), placed=placed)

@@ -61,7 +61,7 @@ def _inside(spans: list[tuple[int, int, int]]):
 # small result kept for the backward then holds the whole of it: sparing those from the copy
 # raised GPT-2's peak memory from eager + 6% to eager + 24%, for no step time measured.
 # CPU modules now write every result of a shape known before the call into storage the call
-# allocates (lower.with_storage); the copy is left for results of dynamic shape.
+# allocates (storage.with_storage); the copy is left for results of dynamic shape.
 POOLED = ("local-task",)
 
 

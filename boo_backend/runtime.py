@@ -78,7 +78,7 @@ class _Loaded:
     takes fences (every GPU module), the gpu.Queue that supplies them. `pooled`: the device
     hands out results from a pool that must get them back soon (see memory.POOLED).
     `placed`: (result index, shape, dtype) of each result the module writes into storage
-    passed after its arguments (lower.with_storage)."""
+    passed after its arguments (storage.with_storage)."""
 
     def __init__(self, module: rt.VmModule, device: rt.HalDevice, name: str, graph: str,
                  queue: "gpu.Queue | None" = None, pooled: bool = False, placed=()):
@@ -155,7 +155,7 @@ class IreeFunction:
     zero-copy, restores any that IREE wrote, and runs again with copies.
 
     `placed`: (result index, shape, dtype) of the results written into storage that each
-    call allocates (lower.with_storage; CPU modules without fences only).
+    call allocates (storage.with_storage; CPU modules without fences only).
     `driver` names the runtime driver; None lets the function choose among the target's
     drivers by timing its first calls (see _ROUNDS), and tells `remember` what it chose.
     `checked`: what an earlier process's first-call check found this module writes into (the

@@ -158,7 +158,7 @@ def test_slice_assignment_in_a_program():
 
 def test_results_are_written_into_storage_the_call_allocates(monkeypatch):
     """A CPU module writes each result of a known, non-empty shape into a tensor the call
-    allocates (lower.with_storage): every dtype's bits as eager's, and nothing written into
+    allocates (storage.with_storage): every dtype's bits as eager's, and nothing written into
     the inputs. (`c` returned twice is one result, as in eager.)"""
     from boo_backend import runtime
 

@@ -74,10 +74,11 @@ def _pool_growth_mb(tmp_path, calls: int = 600, storage: bool = False) -> float:
     calls whose results torch frees in a random order, a few dozen calls later (as a
     training step frees its activations and gradients); the first quarter fills the
     working set. `storage`: the modules write their results into storage the call allocates
-    (lower.with_storage), as boo builds CPU modules."""
+    (storage.with_storage), as boo builds CPU modules."""
     from torch.fx.experimental.proxy_tensor import make_fx
 
-    from boo_backend.lower import lower, with_storage
+    from boo_backend.lower import lower
+    from boo_backend.storage import placed_results, with_storage
 
     target = parse_target("llvm-cpu")
     cache = CompileCache(tmp_path, enabled=False)
@@ -87,9 +88,8 @@ def _pool_growth_mb(tmp_path, calls: int = 600, storage: bool = False) -> float:
         graph = make_fx(lambda a: (a * 2, (a + 1).exp(), a.sum()), tracing_mode="fake")(x)
         lowered = with_storage(lower(graph)) if storage else lower(graph)
         assert len(lowered.placed) == (3 if storage else 0)
-        placed = [(j, lowered.result_layouts[j][0], torch.float32) for j in lowered.placed]
         vmfb = compile_mlir(lowered.mlir, target, cache)
-        functions.append((IreeFunction(vmfb, target, graph=f"pool {n}", driver="local-task", placed=placed), x))
+        functions.append((IreeFunction(vmfb, target, graph=f"pool {n}", driver="local-task", placed=placed_results(lowered)), x))
 
     def rss_mb() -> float:
         with open("/proc/self/statm") as f:
