@@ -2,14 +2,15 @@
 repeated blocks), as bytes for the compile cache, so that a warm start rebuilds it without
 retracing, matching, placing or importing anything.
 
-The outer graph and its ATen/eager parts are torch.fx GraphModules, which pickle as their
-generated code (torch.fx rebuilds the graph from it). Each IREE part is stored once, however
-many parts share it, as its lowered form (`Lowered.to_bytes`); loading hands each to
-`make_part`, which compiles it through the cache (a hit) and loads it. The cache directory
-is private to its user and already holds the native code boo runs (see cache.py), so
-unpickling its entries trusts nothing new.
+The outer graph and its ATen/eager parts are torch.fx GraphModules, stored as their nodes
+(torch.fx's own pickling stores the generated code and traces it again on load, which for
+GPT-2's 200 modules cost a warm start 2 s); ATen parts that compute the same are stored once.
+Each IREE part is stored once, however many parts share it, as its lowered form
+(`Lowered.to_bytes`); loading hands each to `make_part`, which compiles it through the cache
+(a hit) and loads it. The cache directory is private to its user and already holds the
+native code boo runs (see cache.py), so unpickling its entries trusts nothing new.
 
-Imports part (IreePart) and lower (Lowered) from boo_backend.
+Imports blocks (structure_key), part (IreePart) and lower (Lowered) from boo_backend.
 """
 
 from __future__ import annotations
@@ -17,10 +18,55 @@ from __future__ import annotations
 import io
 import pickle
 
+import torch
 import torch.fx as fx
 
+from .blocks import structure_key
 from .lower import Lowered
 from .part import IreePart
+
+
+class _Ref:
+    """A node of the graph being rebuilt, by name."""
+
+    __slots__ = ("name",)
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def __reduce__(self):
+        return _Ref, (self.name,)
+
+
+def _op_overload(qualified: str, overload: str):
+    namespace, name = qualified.split("::")
+    return getattr(getattr(getattr(torch.ops, namespace), name), overload)
+
+
+def _op_packet(qualified: str):
+    namespace, name = qualified.split("::")
+    return getattr(getattr(torch.ops, namespace), name)
+
+
+def _higher_order(name: str):
+    return getattr(torch.ops.higher_order, name)
+
+
+def _graph_module(nodes: list, attrs: dict, codegen) -> fx.GraphModule:
+    """A GraphModule rebuilt from `_Pickler.graph_data`'s nodes, generating its code once."""
+    graph = fx.Graph()
+    graph._codegen = codegen
+    env: dict[str, fx.Node] = {}
+
+    def resolve(a):
+        return env[a.name] if isinstance(a, _Ref) else a
+
+    for op, name, target, args, kwargs in nodes:
+        node = graph.create_node(op, target, fx.node.map_aggregate(args, resolve),
+                                 fx.node.map_aggregate(kwargs, resolve), name=name)
+        assert node.name == name, (node.name, name)
+        env[name] = node
+    return fx.GraphModule(attrs, graph)
 
 
 class _Pickler(pickle.Pickler):
@@ -28,6 +74,7 @@ class _Pickler(pickle.Pickler):
         super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
         self.lowered = lowered
         self.index: dict[int, int] = {}
+        self.same_code: dict[str, fx.GraphModule] = {}
 
     def persistent_id(self, obj):
         if isinstance(obj, IreePart):
@@ -36,6 +83,38 @@ class _Pickler(pickle.Pickler):
                 self.lowered.append(obj.lowered.to_bytes({"has_module": obj.function is not None}))
             return ("iree", self.index[id(obj)])
         return None
+
+    def reducer_override(self, obj):
+        if isinstance(obj, torch._ops.OpOverload):
+            return _op_overload, (obj._schema.name, obj._overloadname)
+        if isinstance(obj, torch._ops.OpOverloadPacket):
+            return _op_packet, (obj._qualified_op_name,)
+        if isinstance(obj, torch._ops.HigherOrderOperator) and obj.namespace == "higher_order":
+            return _higher_order, (obj.name(),)
+        if isinstance(obj, fx.GraphModule):
+            return self._graph_module(obj)
+        return NotImplemented
+
+    def _graph_module(self, gm: fx.GraphModule):
+        attrs = {n.target: _get(gm, n.target) for n in gm.graph.nodes if n.op in ("get_attr", "call_module")}
+        if not attrs:  # a stateless part: one copy for every part that computes the same
+            first = self.same_code.setdefault(structure_key(gm), gm)
+            if first is not gm:
+                return _same, (first,)
+        nodes = [(n.op, n.name, n.target, fx.node.map_arg(n.args, lambda a: _Ref(a.name)),
+                  fx.node.map_arg(n.kwargs, lambda a: _Ref(a.name))) for n in gm.graph.nodes]
+        return _graph_module, (nodes, attrs, gm.graph._codegen)
+
+
+def _get(gm: fx.GraphModule, target: str):
+    obj = gm
+    for name in target.split("."):
+        obj = getattr(obj, name)
+    return obj
+
+
+def _same(obj):
+    return obj
 
 
 class _Unpickler(pickle.Unpickler):

@@ -227,6 +227,44 @@ def test_split_graph_warm_start_and_misses(tmp_path, monkeypatch):
         assert calls_made["lower"] > 0 and calls_made["aot_hits"] == 0, f"a changed {what} used a stale entry"
 
 
+def test_saved_split_graph_is_rebuilt_from_its_nodes(monkeypatch):
+    """saved.dump/load: the outer graph and its ATen parts come back as GraphModules built from
+    their nodes (torch.fx's pickling, which traces the generated code again, is not used),
+    ATen parts that compute the same are stored once and shared, ops resolve to torch's own
+    objects, and the rebuilt graph computes what the original did."""
+    import torch.fx as fx
+    from boo_backend import saved
+
+    def part(x, w):
+        return torch.ops.aten.mm.default(x, w).relu()
+
+    def other(x, w):
+        return torch.ops.aten.mm.default(x, w).tanh()
+
+    parts = {"part_a": fx.symbolic_trace(part), "part_b": fx.symbolic_trace(part), "part_c": fx.symbolic_trace(other)}
+    graph = fx.Graph()
+    x, w = graph.placeholder("x"), graph.placeholder("w")
+    y = graph.call_module("part_a", (x, w))
+    b = graph.call_module("part_b", (y, w))
+    c = graph.call_module("part_c", (graph.call_function(torch.ops.aten.mul.Tensor, (y, 0.5)), w))
+    graph.output((b, c))
+    outer = fx.GraphModule(parts, graph)
+
+    def traced_again(*args, **kwargs):
+        raise AssertionError("torch.fx's pickling traced a GraphModule's code again")
+
+    monkeypatch.setattr(fx.graph_module, "_deserialize_graph_module", traced_again)
+    loaded, extra = saved.load(saved.dump(outer, {"note": 1}), lambda *a: None)
+    assert extra == {"note": 1}
+    assert isinstance(loaded, fx.GraphModule) and loaded.part_a is loaded.part_b
+    assert loaded.part_c is not loaded.part_a
+    targets = {n.target for m in (loaded, loaded.part_a) for n in m.graph.nodes if n.op == "call_function"}
+    assert torch.ops.aten.mm.default in targets and torch.ops.aten.mul.Tensor in targets
+    x, w = torch.randn(5, 4), torch.randn(4, 4)
+    for got, want in zip(loaded(x, w), outer(x, w)):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
 def test_warm_start_of_a_graph_with_an_island_is_refused_in_strict_mode(tmp_path, monkeypatch):
     """A cached split graph with an eager island warns again when loaded, and strict mode
     refuses it, as it refuses the cold build."""
