@@ -53,7 +53,7 @@ def _higher_order(name: str):
 
 
 def _graph_module(nodes: list, attrs: dict, codegen) -> fx.GraphModule:
-    """A GraphModule rebuilt from `_Pickler.graph_data`'s nodes, generating its code once."""
+    """A GraphModule rebuilt from the nodes `_Pickler` stored, generating its code once."""
     graph = fx.Graph()
     graph._codegen = codegen
     env: dict[str, fx.Node] = {}
@@ -64,7 +64,8 @@ def _graph_module(nodes: list, attrs: dict, codegen) -> fx.GraphModule:
     for op, name, target, args, kwargs in nodes:
         node = graph.create_node(op, target, fx.node.map_aggregate(args, resolve),
                                  fx.node.map_aggregate(kwargs, resolve), name=name)
-        assert node.name == name, (node.name, name)
+        if node.name != name:
+            raise pickle.UnpicklingError(f"node {name} came back as {node.name}")
         env[name] = node
     return fx.GraphModule(attrs, graph)
 
@@ -74,7 +75,7 @@ class _Pickler(pickle.Pickler):
         super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
         self.lowered = lowered
         self.index: dict[int, int] = {}
-        self.same_code: dict[str, fx.GraphModule] = {}
+        self.stateless: dict[str, fx.GraphModule] = {}
 
     def persistent_id(self, obj):
         if isinstance(obj, IreePart):
@@ -98,7 +99,7 @@ class _Pickler(pickle.Pickler):
     def _graph_module(self, gm: fx.GraphModule):
         attrs = {n.target: _get(gm, n.target) for n in gm.graph.nodes if n.op in ("get_attr", "call_module")}
         if not attrs:  # a stateless part: one copy for every part that computes the same
-            first = self.same_code.setdefault(structure_key(gm), gm)
+            first = self.stateless.setdefault(structure_key(gm), gm)
             if first is not gm:
                 return _same, (first,)
         nodes = [(n.op, n.name, n.target, fx.node.map_arg(n.args, lambda a: _Ref(a.name)),
