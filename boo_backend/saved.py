@@ -16,6 +16,7 @@ Imports blocks (structure_key), part (IreePart) and lower (Lowered) from boo_bac
 from __future__ import annotations
 
 import io
+import operator
 import pickle
 
 import torch
@@ -38,14 +39,13 @@ class _Ref:
         return _Ref, (self.name,)
 
 
-def _op_overload(qualified: str, overload: str):
-    namespace, name = qualified.split("::")
-    return getattr(getattr(getattr(torch.ops, namespace), name), overload)
-
-
 def _op_packet(qualified: str):
     namespace, name = qualified.split("::")
     return getattr(getattr(torch.ops, namespace), name)
+
+
+def _op_overload(qualified: str, overload: str):
+    return getattr(_op_packet(qualified), overload)
 
 
 def _higher_order(name: str):
@@ -97,7 +97,8 @@ class _Pickler(pickle.Pickler):
         return NotImplemented
 
     def _graph_module(self, gm: fx.GraphModule):
-        attrs = {n.target: _get(gm, n.target) for n in gm.graph.nodes if n.op in ("get_attr", "call_module")}
+        attrs = {n.target: operator.attrgetter(n.target)(gm) for n in gm.graph.nodes
+                 if n.op in ("get_attr", "call_module")}
         if not attrs:  # a stateless part: one copy for every part that computes the same
             first = self.stateless.setdefault(structure_key(gm), gm)
             if first is not gm:
@@ -105,13 +106,6 @@ class _Pickler(pickle.Pickler):
         nodes = [(n.op, n.name, n.target, fx.node.map_arg(n.args, lambda a: _Ref(a.name)),
                   fx.node.map_arg(n.kwargs, lambda a: _Ref(a.name))) for n in gm.graph.nodes]
         return _graph_module, (nodes, attrs, gm.graph._codegen)
-
-
-def _get(gm: fx.GraphModule, target: str):
-    obj = gm
-    for name in target.split("."):
-        obj = getattr(obj, name)
-    return obj
 
 
 def _same(obj):
