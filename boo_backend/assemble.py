@@ -18,7 +18,7 @@ import re
 import torch
 import torch.fx as fx
 
-from . import blocks, extern, fusions, match
+from . import blocks, extern, fusions, match, schedule
 from .cache import timed, write_atomic
 from .compile import (
     BooCompileError, Target, compile_flags, compile_mlir, computes_in_f64, has_dynamic_dims, precompile,
@@ -154,6 +154,7 @@ class Assembly:
         aten = sum(p == "aten" and n.target is not operator.getitem for n, p in places.items())
         island = sum(p == "eager" and n.target is not operator.getitem for n, p in places.items())
         labels = blocks.group_blocks(graph) if self.opts.blocks else {}
+        schedule.cluster(graph, places, labels)
         cut = split_islands(graph, places, labels) if labels else None
         if cut is not None and not blocks.repeats_pay(*cut):
             log.debug("boo %s: its blocks differ too much to share modules; not cut at them", self.name)
