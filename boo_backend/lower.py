@@ -30,7 +30,8 @@ class Lowered:
 
     mlir: str
     core: fx.GraphModule | None  # None when loaded from the cache
-    # Per IREE argument: ("arg", index into the graph's inputs) or ("const", tensor).
+    # Per IREE argument: ("arg", index into the graph's inputs), ("const", tensor), or
+    # ("permuted", (index, order)): the input permuted by `order` (see _dense_order).
     inputs: list[tuple]
     # Per graph output: ("arg", i), ("result", j), ("value", python_value), ("size", text):
     # a SymInt the graph returns, as a symbolic.text expression of its inputs' sizes, or
@@ -113,6 +114,23 @@ def _view_of_input(value: fx.Node, placeholders: list[fx.Node]) -> tuple | None:
     return None
 
 
+def _dense_order(val) -> list[int] | None:
+    """For a tensor of static sizes that is not contiguous but is a permutation of a dense
+    layout (a transposed weight, attention's gradients in (batch, token, head) order seen as
+    (batch, head, token)): the order of its dims from the outermost stride in, which makes it
+    contiguous. Passed permuted so, it reaches IREE as it lies in memory, not as a copy."""
+    if not isinstance(val, torch.Tensor) or val.dim() < 2 or symbolic.tensor_is_symbolic(val) or val.is_contiguous():
+        return None
+    stride = val.stride()
+    order = sorted(range(val.dim()), key=lambda d: (-stride[d], d))
+    return order if val.permute(order).is_contiguous() else None
+
+
+def arguments(inputs: list[tuple], args) -> list:
+    """IREE's arguments for one call: `inputs` (Lowered.inputs) taken from the graph's `args`."""
+    return [args[v] if k == "arg" else args[v[0]].permute(v[1]) if k == "permuted" else v for k, v in inputs]
+
+
 def build_core(gm: fx.GraphModule) -> tuple[fx.GraphModule, list, list, list, bool]:
     """Split `gm` into the IREE core graph and the Python-side input/output plan."""
     graph = fx.Graph()
@@ -131,7 +149,15 @@ def build_core(gm: fx.GraphModule) -> tuple[fx.GraphModule, list, list, list, bo
             if computes:
                 env[node] = graph.placeholder(node.name)
                 env[node].meta = dict(node.meta)
-                inputs.append(("arg", arg_index))
+                order = _dense_order(node.meta.get("val"))
+                if order is None:
+                    inputs.append(("arg", arg_index))
+                else:  # IREE reads the memory as it lies, and permutes it back in the module
+                    env[node].meta = {"val": node.meta["val"].permute(order)}
+                    back = sorted(range(len(order)), key=order.__getitem__)
+                    env[node] = graph.call_function(torch.ops.aten.permute.default, (env[node], back))
+                    env[node].meta = dict(node.meta)
+                    inputs.append(("permuted", (arg_index, order)))
             arg_index += 1
         elif node.op == "get_attr":
             value = getattr(gm, node.target)

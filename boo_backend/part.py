@@ -13,7 +13,7 @@ import torch
 import torch.fx as fx
 
 from . import memory, symbolic
-from .lower import Lowered, output_texts
+from .lower import Lowered, arguments, output_texts
 from .partition import ATEN_MEASURED
 from .runtime import IreeFunction
 
@@ -126,7 +126,7 @@ class IreePart(torch.nn.Module):
         restride, sizes = self._concrete(args) if self._sizes else ((), {})
         if self.function is not None:
             inputs = self._inputs_for(args) if self._consts_moved else low.inputs
-            tensors = [args[v] if k == "arg" else v for k, v in inputs]
+            tensors = arguments(inputs, args)
             results = self.function(tensors, len(low.result_layouts), donated)
             for j, dtype in self.retype:
                 results[j] = results[j].view(dtype)

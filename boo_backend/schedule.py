@@ -23,13 +23,17 @@ import torch
 import torch.fx as fx
 
 
-def _ordered(node: fx.Node) -> bool:
-    """Whether a node must keep its place among such nodes: it writes into memory, or draws
-    from the random generator (eager's draws happen in the graph's order)."""
-    if node.is_impure():
-        return True
-    tags = getattr(node.target, "tags", ())
-    return torch.Tag.nondeterministic_seeded in tags
+def _writes(node: fx.Node) -> bool:
+    """Whether a node writes into memory that others may read (an in-place op, a custom op
+    that mutates its input): nothing moves across it, since who reads before or after the
+    write is not in the graph's edges."""
+    return node.op == "call_function" and node.is_impure()
+
+
+def _draws(node: fx.Node) -> bool:
+    """Whether a node draws from the random generator: such nodes keep their order among
+    themselves (eager's draws happen in the graph's order)."""
+    return torch.Tag.nondeterministic_seeded in getattr(node.target, "tags", ())
 
 
 def _neutral(node: fx.Node) -> bool:
@@ -44,25 +48,31 @@ def cluster(gm: fx.GraphModule, places: dict[fx.Node, str], labels: dict | None 
     nodes whose inputs are computed, take one of the current run's key if there is one,
     else the earliest in the old order. A source (a node that reads no computed value: a
     constant, a fill, a view of an input) waits until a node that reads it has all its
-    other inputs: computed early, it would only hold memory for longer. Nodes that write
-    memory or draw random numbers keep their order among themselves. Returns whether the
-    order changed."""
+    other inputs: computed early, it would only hold memory for longer. Nothing moves
+    across a node that writes memory (_writes), and random draws keep their order among
+    themselves. Returns whether the order changed."""
     labels = labels or {}
     nodes = [n for n in gm.graph.nodes if n.op not in ("placeholder", "output")]
     index = {n: i for i, n in enumerate(nodes)}
     inputs: dict[fx.Node, set[fx.Node]] = {}
-    previous_ordered = None
+    barrier, since_barrier, previous_draw = None, [], None
     for n in nodes:
         inputs[n] = {a for a in n.all_input_nodes if a in index}
-        if _ordered(n):
-            if previous_ordered is not None:
-                inputs[n].add(previous_ordered)
-            previous_ordered = n
+        if _writes(n):
+            inputs[n].update(since_barrier)
+            barrier, since_barrier = n, []
+        elif barrier is not None:
+            inputs[n].add(barrier)
+        since_barrier.append(n)
+        if _draws(n):
+            if previous_draw is not None:
+                inputs[n].add(previous_draw)
+            previous_draw = n
     users: dict[fx.Node, list[fx.Node]] = {n: [] for n in nodes}
     for n in nodes:
         for a in inputs[n]:
             users[a].append(n)
-    source = {n for n in nodes if not inputs[n] and not _neutral(n) and not _ordered(n)}
+    source = {n for n in nodes if not inputs[n] and not _neutral(n) and not _writes(n) and not _draws(n)}
     waiting = {n: len(inputs[n]) for n in nodes}  # inputs not yet scheduled
     computed_waiting = {n: len(inputs[n] - source) for n in nodes}  # of those, not sources
 

@@ -77,6 +77,26 @@ def test_random_draws_and_writes_keep_their_order():
     assert order.index(a) < order.index(b) < order.index(c)
 
 
+def test_nothing_moves_across_a_write():
+    """`y.mul_(3)` returns y, but a reader of y after it has no edge to it in the graph."""
+    def build(g, x, w):
+        y = g.call_function(aten.add.Tensor, (x, 1))
+        m = g.call_function(aten.mm.default, (x, w))
+        write = g.call_function(aten.mul_.Tensor, (y, 3))
+        r = g.call_function(aten.relu.default, (y,))
+        return {y: "iree", m: "aten", write: "eager", r: "iree"}, [m, r]
+
+    gm, places = _graph(build)
+    y, m, write, r = list(places)
+    x, w = torch.randn(5, 3), torch.randn(3, 4)
+    before = gm(x, w)
+    schedule.cluster(gm, places)
+    order = [n for n in gm.graph.nodes if n in places]
+    assert order.index(y) < order.index(write) < order.index(r)
+    for a, b in zip(gm(x, w), before):
+        assert torch.equal(a, b)
+
+
 def test_a_constant_is_made_where_it_is_read():
     def build(g, x, w):
         h = g.call_function(aten.relu.default, (x,))
