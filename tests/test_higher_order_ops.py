@@ -105,7 +105,7 @@ def test_checkpointed_transformer_block_trains_in_iree_with_less_saved_memory():
     compiled_plain(x).square().mean().backward()
     for (name, a), b in zip(model.named_parameters(), plain.parameters()):
         close_to_scale(a.grad, b.grad, name)
-    model.train(), plain.train()
+    # Saved memory, on the graphs just compiled (checkpointing saves less in either mode).
     saved_checkpointed = _saved_bytes(compiled, x)
     saved_plain = _saved_bytes(compiled_plain, x)
     assert saved_checkpointed < 0.5 * saved_plain, (saved_checkpointed, saved_plain)
