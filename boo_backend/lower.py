@@ -121,8 +121,7 @@ def _dense_order(val) -> list[int] | None:
     contiguous. Passed permuted so, it reaches IREE as it lies in memory, not as a copy."""
     if not isinstance(val, torch.Tensor) or val.dim() < 2 or symbolic.tensor_is_symbolic(val) or val.is_contiguous():
         return None
-    stride = val.stride()
-    order = sorted(range(val.dim()), key=lambda d: (-stride[d], d))
+    order = symbolic.outer_first(val)
     return order if val.permute(order).is_contiguous() else None
 
 
@@ -148,9 +147,9 @@ def build_core(gm: fx.GraphModule) -> tuple[fx.GraphModule, list, list, list, bo
                 )
             if computes:
                 env[node] = graph.placeholder(node.name)
-                env[node].meta = dict(node.meta)
                 order = _dense_order(node.meta.get("val"))
                 if order is None:
+                    env[node].meta = dict(node.meta)
                     inputs.append(("arg", arg_index))
                 else:  # IREE reads the memory as it lies, and permutes it back in the module
                     env[node].meta = {"val": node.meta["val"].permute(order)}

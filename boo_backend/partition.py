@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import functools
 import operator
 
 import torch
@@ -185,14 +184,7 @@ def _to_layout(x, like):
     itself when it has them already or when `like` is not a dense permuted layout."""
     if not isinstance(x, torch.Tensor) or not isinstance(like, torch.Tensor) or _same_strides(x, like):
         return x
-    stride = like.stride()
-
-    def outer_first(d: int, e: int) -> int:  # larger strides first; unknown order keeps dims
-        if statically_known_true(stride[d] > stride[e]):
-            return -1
-        return 1 if statically_known_true(stride[d] < stride[e]) else d - e
-
-    order = sorted(range(like.dim()), key=functools.cmp_to_key(outer_first))
+    order = symbolic.outer_first(like)
     inverse = sorted(range(like.dim()), key=order.__getitem__)
     out = x.permute(order).contiguous().permute(inverse)
     return out if _same_strides(out, like) else x

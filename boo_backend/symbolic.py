@@ -19,6 +19,7 @@ import functools
 import sympy
 import torch
 import torch.utils._sympy.functions as _torch_sympy
+from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 
 def expr(value):
@@ -56,6 +57,20 @@ def is_row_major(shape, stride) -> bool:
             return False
         acc = acc * size
     return True
+
+
+def outer_first(t: torch.Tensor) -> list[int]:
+    """`t`'s dims from the largest stride to the smallest; where the order is not known (equal
+    strides, or symbolic ones no guard-free comparison settles), dims keep their order.
+    Permuted by it, a dense permuted layout is contiguous."""
+    stride = t.stride()
+
+    def compare(d: int, e: int) -> int:
+        if statically_known_true(stride[d] > stride[e]):
+            return -1
+        return 1 if statically_known_true(stride[d] < stride[e]) else d - e
+
+    return sorted(range(t.dim()), key=functools.cmp_to_key(compare))
 
 
 def tensor_is_symbolic(t) -> bool:
