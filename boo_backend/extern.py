@@ -297,10 +297,11 @@ class Timings:
                 vmfb = compile_mlir(lowered.mlir, self.target, self.cache, self.opts.compile_timeout)
                 functions = [IreeFunction(vmfb, self.target, graph="call floor", driver=driver)
                              for driver in self.target.drivers]
-                # Calls for the whole budget (about a thousand), not _MAX_CALLS: the fastest
-                # of ten varied from 70 to 690 us between processes here, and a floor of
-                # 690 us kept the matmuls that ATen runs 1 ms faster (a Llama's k/v
-                # projections) in IREE.
+                # Calls for the whole budget (thousands), not _MAX_CALLS: the fastest of ten
+                # is a poor minimum. It does not remove what the host adds: in a process that
+                # had just compiled the Llama of bench/scale.py, local-task's fastest call
+                # still took 300-690 us (50-170 us in a fresh process), and a floor of 690 us
+                # kept the k/v projections' matmuls, 1 ms faster in ATen, in IREE.
                 known = _fastest(lambda: {"seconds": max(_min_time(lambda: f([x], 1), x.device, rounds=_FLOOR_CALLS)
                                                          for f in functions)}, known)
                 self.cache.put_json(key, known)
