@@ -50,7 +50,7 @@ _CALLS_PER_SPLIT = 2
 # costs little.)
 _BUDGET_S = 0.1
 _MAX_CALLS = 10
-# The call floor's module takes ~0.1 ms a call: it is called for the whole budget.
+# The call floor's module takes ~0.1 ms a call: it is called for the whole budget (_min_time).
 _FLOOR_CALLS = 5000
 # _random_like repeats this many random values.
 _BLOCK = 4099
@@ -159,9 +159,10 @@ def _timed_rounds(fns: list, device: torch.device, scale: int = 1, rounds: int =
     return times
 
 
-def _min_time(fn, device: torch.device, scale: int = 1, rounds: int = _MAX_CALLS) -> float:
-    """The fastest of repeated calls of `fn` (_timed_rounds)."""
-    return min(_timed_rounds([fn], device, scale, rounds)[0])
+def _min_time(fn, device: torch.device) -> float:
+    """The fastest of repeated calls of `fn` over the whole budget (_timed_rounds, up to
+    _FLOOR_CALLS calls, not _MAX_CALLS: the fastest of ten is a poor minimum)."""
+    return min(_timed_rounds([fn], device, rounds=_FLOOR_CALLS)[0])
 
 
 def _typical_times(fns: list, device: torch.device, scale: int = 1) -> list[float]:
@@ -297,13 +298,12 @@ class Timings:
                 vmfb = compile_mlir(lowered.mlir, self.target, self.cache, self.opts.compile_timeout)
                 functions = [IreeFunction(vmfb, self.target, graph="call floor", driver=driver)
                              for driver in self.target.drivers]
-                # Calls for the whole budget (thousands), not _MAX_CALLS: the fastest of ten
-                # is a poor minimum. It does not remove what the host adds: in a process that
+                # A longer measurement does not remove what the host adds: in a process that
                 # had just compiled the Llama of bench/scale.py, local-task's fastest call
                 # still took 300-690 us (50-170 us in a fresh process), and a floor of 690 us
                 # kept the k/v projections' matmuls, 1 ms faster in ATen, in IREE.
-                known = _fastest(lambda: {"seconds": max(_min_time(lambda: f([x], 1), x.device, rounds=_FLOOR_CALLS)
-                                                         for f in functions)}, known)
+                known = _fastest(lambda: {"seconds": max(_min_time(lambda: f([x], 1), x.device) for f in functions)},
+                                 known)
                 self.cache.put_json(key, known)
                 log.info("boo: an IREE call costs %.0f us beyond its work%s", known["seconds"] * 1e6, _under_load(known))
             self._floor = known["seconds"]
