@@ -1,7 +1,8 @@
 """Run compiled IREE modules on torch tensors, passing buffers both ways through DLPack.
 
 Imports gpu (devices, fences and ordering for GPU modules), memory (which tensors share
-memory, and which results leave IREE's pool), compile (for Target) and config from boo_backend.
+memory, and which results leave IREE's pool), pool (storage for results), compile (for
+Target) and config from boo_backend.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import time
 import iree.runtime as rt
 import torch
 
-from . import gpu, memory
+from . import gpu, memory, pool
 from .cache import timed
 from .compile import Target
 from .config import BooError
@@ -99,7 +100,7 @@ class _Loaded:
         args = _arguments(self.device, passed)
         if self.queue is not None:
             return self.queue.export(self.queue.invoke(self.context, self.function, args, num_results, sync))
-        storage = [torch.empty(shape, dtype=dtype) for _, shape, dtype in self.placed]
+        storage = [pool.RESULTS.tensor(shape, dtype) for _, shape, dtype in self.placed]
         for t in storage:
             args.push_ref(_storage(self.device, t).ref)
         results = rt.VmVariantList(num_results - len(storage))

@@ -1,0 +1,115 @@
+"""Memory for the results that CPU modules write into storage their caller passes
+(storage.with_storage), kept after the results die and handed out again.
+
+A fresh tensor of tens of MB costs a page fault per 4 KiB on its first write: about 28 ms for
+the 62.5 MiB a Llama's loss writes (torch.empty is 0.02 ms; torch.zeros of the same size
+28 ms). A training step writes results of the same sizes step after step, so a storage that
+nothing else holds any more is written again instead: in a scratch experiment that reused each
+part's storage from the step before, the Llama of bench/scale.py spent 180-199 ms a step in its
+IREE parts instead of 292-299 (bench/RESULTS.md, tenth session).
+
+A storage is handed out again only when the pool holds the last reference to it: a result
+kept for the backward, a `.grad`, a view, a numpy array or a DLPack capsule of it each hold one
+(torch counts them on the storage), so nothing still readable is ever overwritten. The pool
+keeps at most BOO_RESULT_POOL_MB MiB (default _DEFAULT_MB; 0 turns it off). Past that, it drops
+the storages it holds alone that were used longest ago, and a result it cannot make room for
+gets memory of its own, as before.
+
+Imports config (BooError) from boo_backend.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import threading
+
+import torch
+
+from .config import BooError
+
+_DEFAULT_MB = 1024
+# Smaller results come from malloc's heap, whose pages stay mapped once touched: no gain.
+_MIN_BYTES = 256 << 10
+
+
+def _alone(storage: torch.UntypedStorage) -> bool:
+    """Whether `storage` has no reference but the pool's."""
+    return torch._C._storage_Use_Count(storage._cdata) == 1
+
+
+class Pool:
+    """Storages by size in bytes; each size's list runs from least to most recently used."""
+
+    def __init__(self, limit: int):
+        self.limit = limit
+        self.held = 0
+        self.reused = 0  # storages handed out again, for tests and diagnosis
+        self._by_size: dict[int, list[torch.UntypedStorage]] = collections.defaultdict(list)
+        self._lock = threading.Lock()
+
+    def tensor(self, shape: tuple, dtype: torch.dtype) -> torch.Tensor:
+        """A dense CPU tensor of `shape` and `dtype` whose contents are undefined (as
+        torch.empty's): the caller writes all of it."""
+        nbytes = dtype.itemsize
+        for n in shape:
+            nbytes *= n
+        if nbytes < _MIN_BYTES or nbytes > self.limit:
+            return torch.empty(shape, dtype=dtype)
+        with self._lock:
+            storage = self._take(nbytes)
+            # Built under the lock: once a tensor holds the storage, no other caller takes it.
+            return torch.empty(0, dtype=dtype).set_(storage, 0, shape)
+
+    def _take(self, nbytes: int) -> torch.UntypedStorage:
+        same = self._by_size[nbytes]
+        for i, storage in enumerate(same):
+            if _alone(storage):
+                same.pop(i)
+                if storage.nbytes() == nbytes:
+                    same.append(storage)
+                    self.reused += 1
+                    return storage
+                self.held -= nbytes  # a caller's resize_ changed it: drop it
+                break
+        storage = torch.UntypedStorage(nbytes)
+        if self._make_room(nbytes):
+            same.append(storage)
+            self.held += nbytes
+        return storage
+
+    def _make_room(self, nbytes: int) -> bool:
+        """Drop storages only the pool holds, larger sizes first and the least recently used
+        first within a size, until `nbytes` more fit under the limit. False, dropping nothing,
+        if even dropping them all would not make room."""
+        excess = self.held + nbytes - self.limit
+        if excess <= 0:
+            return True
+        free = [(size, s) for size in sorted(self._by_size, reverse=True) for s in self._by_size[size] if _alone(s)]
+        if sum(size for size, _ in free) < excess:
+            return False
+        for size, storage in free:
+            self._by_size[size].remove(storage)
+            self.held -= size
+            excess -= size
+            if excess <= 0:
+                return True
+        return True
+
+    def clear(self) -> None:
+        """Forget every storage (results that still hold one keep it)."""
+        with self._lock:
+            self._by_size.clear()
+            self.held = 0
+
+
+def _limit() -> int:
+    raw = os.environ.get("BOO_RESULT_POOL_MB", "").strip()
+    try:
+        mb = float(raw) if raw else _DEFAULT_MB
+    except ValueError:
+        raise BooError(f"boo: BOO_RESULT_POOL_MB={raw!r} is not a number of MiB (0 turns the pool off)") from None
+    return int(max(mb, 0) * (1 << 20))
+
+
+RESULTS = Pool(_limit())

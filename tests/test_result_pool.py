@@ -1,0 +1,191 @@
+"""The pool of result storage (pool.py): a storage is written again only once nothing but the
+pool holds it, so no result a program still reads changes; results stay equal to eager's."""
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from boo_backend import pool
+from boo_backend.config import BooError
+
+SHAPE = (300, 1000)  # 1.2 MB of float32: past pool._MIN_BYTES
+
+
+def test_a_storage_is_handed_out_again_only_when_the_pool_alone_holds_it():
+    p = pool.Pool(64 << 20)
+    a = p.tensor(SHAPE, torch.float32)
+    ptr = a.data_ptr()
+    assert a.shape == SHAPE and a.is_contiguous() and a.dtype == torch.float32
+    holders = {
+        "tensor": lambda t: t,
+        "view": lambda t: t[1:, ::2],
+        "reshape": lambda t: t.view(-1),
+        "detach": lambda t: t.detach(),
+        "numpy": lambda t: t.numpy(),
+        "dlpack": lambda t: torch.utils.dlpack.to_dlpack(t),
+        "storage": lambda t: t.untyped_storage(),
+        "grad": lambda t: _as_grad(t),
+    }
+    for name, hold in holders.items():
+        kept = hold(a)
+        del a
+        b = p.tensor(SHAPE, torch.float32)
+        assert b.data_ptr() != ptr, f"a storage still held by a {name} was handed out again"
+        del kept, b
+        a = p.tensor(SHAPE, torch.float32)
+        assert a.data_ptr() == ptr, f"the storage was not reused once the {name} was gone"
+
+
+def _as_grad(t: torch.Tensor):
+    w = torch.zeros(t.shape, requires_grad=True)
+    w.grad = t
+    return w
+
+
+def test_other_sizes_and_small_or_empty_results_get_their_own_memory():
+    each = 300 * 1000 * 4
+    p = pool.Pool(64 << 20)
+    a = p.tensor(SHAPE, torch.float32)
+    ptr = a.data_ptr()
+    del a
+    same_bytes = p.tensor((600, 1000), torch.bfloat16)  # the same bytes in another dtype: reused
+    assert same_bytes.data_ptr() == ptr and same_bytes.dtype == torch.bfloat16 and same_bytes.shape == (600, 1000)
+    other = p.tensor((301, 1000), torch.float32)
+    assert other.data_ptr() != ptr and p.held == each + 301 * 1000 * 4
+    for shape in [(10, 10), (0, 1000), ()]:  # below pool._MIN_BYTES: torch.empty's memory
+        t = p.tensor(shape, torch.float32)
+        assert t.shape == shape and t.dtype == torch.float32
+    assert p.held == each + 301 * 1000 * 4 and p.reused == 1
+
+
+def test_the_limit_drops_the_least_recently_used_storages_held_by_the_pool_alone():
+    each = 300 * 1000 * 4
+    p = pool.Pool(3 * each)
+    live = [p.tensor(SHAPE, torch.float32) for _ in range(3)]
+    assert p.held == 3 * each
+    fourth = p.tensor(SHAPE, torch.float32)  # no room, and nothing to drop: not pooled
+    assert p.held == 3 * each
+    del live[0], fourth
+    bigger = p.tensor((600, 1000), torch.float32)  # needs two free storages; one is free
+    assert p.held == 3 * each  # so nothing was dropped, and it has memory of its own
+    del live[0], bigger
+    bigger = p.tensor((600, 1000), torch.float32)  # now two are free: both dropped
+    assert p.held == 3 * each and p.reused == 0
+    kept = live[0].data_ptr()
+    del bigger
+    again = p.tensor((600, 1000), torch.float32)
+    assert p.reused == 1 and p.held == 3 * each and live[0].data_ptr() == kept
+
+
+def test_a_resized_storage_leaves_the_pool():
+    p = pool.Pool(64 << 20)
+    a = p.tensor(SHAPE, torch.float32)
+    a.resize_(400, 1000)  # grows the storage the pool handed out
+    del a
+    b = p.tensor(SHAPE, torch.float32)
+    assert b.untyped_storage().nbytes() == 300 * 1000 * 4 and p.reused == 0 and p.held == 300 * 1000 * 4
+
+
+def test_the_limit_comes_from_the_environment(monkeypatch):
+    monkeypatch.setenv("BOO_RESULT_POOL_MB", "0")
+    off = pool.Pool(pool._limit())
+    a = off.tensor(SHAPE, torch.float32)
+    del a
+    off.tensor(SHAPE, torch.float32)
+    assert off.held == 0 and off.reused == 0
+    monkeypatch.setenv("BOO_RESULT_POOL_MB", "2.5")
+    assert pool._limit() == int(2.5 * (1 << 20))
+    monkeypatch.setenv("BOO_RESULT_POOL_MB", "lots")
+    with pytest.raises(BooError, match="BOO_RESULT_POOL_MB"):
+        pool._limit()
+
+
+@pytest.fixture
+def fresh_pool(monkeypatch):
+    p = pool.Pool(256 << 20)
+    monkeypatch.setattr(pool, "RESULTS", p)
+    return p
+
+
+class Block(nn.Module):
+    """Results of 0.3-1.5 MB: placed, pooled, and some kept for the backward."""
+
+    def __init__(self, width=389, hidden=1031):
+        super().__init__()
+        self.norm = nn.LayerNorm(width)
+        self.up = nn.Linear(width, hidden)
+        self.down = nn.Linear(hidden, width)
+
+    def forward(self, x):
+        return x + self.down(F.gelu(self.up(self.norm(x))))
+
+
+def test_training_steps_match_eager_while_storage_is_reused(fresh_pool):
+    torch.manual_seed(0)
+    model = nn.Sequential(Block(), Block())
+    ref = copy.deepcopy(model)
+    run = torch.compile(model, backend="boo")
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-3)
+    g = torch.Generator().manual_seed(1)
+    for step in range(4):
+        x = torch.randn(411, 389, generator=g)
+        before = x.clone()
+        loss = run(x).square().mean()
+        loss.backward()
+        ref_loss = ref(x).square().mean()
+        ref_loss.backward()
+        assert torch.equal(x, before)
+        torch.testing.assert_close(loss, ref_loss, rtol=1e-4, atol=1e-5)
+        for (name, p), r in zip(model.named_parameters(), ref.parameters()):
+            torch.testing.assert_close(p.grad, r.grad, rtol=1e-3, atol=1e-5, msg=lambda m: f"step {step} {name}: {m}")
+        opt.step(), ref_opt.step()
+        opt.zero_grad(), ref_opt.zero_grad()
+    assert fresh_pool.reused > 0  # the later steps wrote into storage the earlier ones let go
+
+
+def test_gradients_accumulated_without_zero_grad_are_never_overwritten(fresh_pool):
+    torch.manual_seed(0)
+    model = Block()
+    ref = copy.deepcopy(model)
+    run = torch.compile(model, backend="boo")
+    g = torch.Generator().manual_seed(2)
+    for _ in range(3):
+        x = torch.randn(257, 389, generator=g)
+        run(x).sum().backward()
+        ref(x).sum().backward()
+    for p, r in zip(model.parameters(), ref.parameters()):
+        torch.testing.assert_close(p.grad, r.grad, rtol=1e-3, atol=1e-4)
+
+
+def test_results_a_program_keeps_are_never_written_again(fresh_pool):
+    """Inference results kept in a list, views of them and numpy copies of their memory all
+    keep their values while later calls reuse what was let go."""
+
+    def f(x, w):
+        h = torch.tanh(x @ w)
+        return h * 2, h.sum(0)
+
+    run = torch.compile(f, backend="boo")
+    g = torch.Generator().manual_seed(3)
+    w = torch.randn(389, 777, generator=g)
+    kept, expected = [], []
+    for i in range(6):
+        x = torch.randn(333, 389, generator=g)
+        out = run(x, w)
+        ref = f(x, w)
+        torch.testing.assert_close(out[0], ref[0], rtol=1e-4, atol=1e-5)
+        if i % 2:  # every other result is kept, in one form or another; the rest are let go
+            kept.append({1: out[0], 3: out[0][5:, ::3], 5: out[0].numpy()}[i])
+            expected.append({1: ref[0], 3: ref[0][5:, ::3], 5: ref[0].numpy()}[i])
+        del out
+    for k, e in zip(kept, expected):
+        if isinstance(k, np.ndarray):
+            np.testing.assert_allclose(k, e, rtol=1e-4, atol=1e-5)
+        else:
+            torch.testing.assert_close(k, e, rtol=1e-4, atol=1e-5)
+    assert fresh_pool.reused > 0
