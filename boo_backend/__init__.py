@@ -10,6 +10,7 @@ from .backend import boo
 from .cache import STATS, clear_memory
 from .config import BooError, BooFallbackWarning, BooStrictError, Options
 from .placement import PLACEMENTS, Placement
+from .pool import RESULTS as _RESULTS
 
 __all__ = [
     "boo", "BooError", "BooFallbackWarning", "BooStrictError", "Options", "Placement",
@@ -30,7 +31,9 @@ def stats() -> dict:
 
 
 def reset() -> None:
-    """Forget counters, placements and the in-memory compile cache (not the disk cache)."""
+    """Forget counters, placements, the in-memory compile cache (not the disk cache) and the
+    result storage kept for reuse (pool.py)."""
     STATS.clear()
     PLACEMENTS.clear()
     clear_memory()
+    _RESULTS.clear()

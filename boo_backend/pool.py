@@ -29,7 +29,8 @@ import torch
 from .config import BooError
 
 _DEFAULT_MB = 1024
-# Smaller results come from malloc's heap, whose pages stay mapped once touched: no gain.
+# Smaller results are left to torch's allocator: their page faults cost little, and each
+# storage the pool holds adds to the list it searches.
 _MIN_BYTES = 256 << 10
 
 

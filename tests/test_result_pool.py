@@ -189,3 +189,16 @@ def test_results_a_program_keeps_are_never_written_again(fresh_pool):
         else:
             torch.testing.assert_close(k, e, rtol=1e-4, atol=1e-5)
     assert fresh_pool.reused > 0
+
+
+def test_reset_empties_the_pool_and_results_keep_their_storage():
+    import boo_backend
+
+    kept = pool.RESULTS.tensor(SHAPE, torch.float32)
+    kept.fill_(3.0)
+    assert pool.RESULTS.held >= kept.untyped_storage().nbytes()
+    boo_backend.reset()
+    assert pool.RESULTS.held == 0
+    other = pool.RESULTS.tensor(SHAPE, torch.float32)
+    other.fill_(4.0)
+    assert other.data_ptr() != kept.data_ptr() and bool((kept == 3.0).all())
