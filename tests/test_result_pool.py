@@ -172,22 +172,22 @@ def test_results_a_program_keeps_are_never_written_again(fresh_pool):
 
     run = torch.compile(f, backend="boo")
     g = torch.Generator().manual_seed(3)
-    w = torch.randn(389, 777, generator=g)
+    w = torch.randn(389, 777, generator=g) / 389**0.5
     kept, expected = [], []
     for i in range(6):
         x = torch.randn(333, 389, generator=g)
         out = run(x, w)
         ref = f(x, w)
-        torch.testing.assert_close(out[0], ref[0], rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(out[0], ref[0], rtol=1e-4, atol=5e-5)  # f32 sums of 389 terms
         if i % 2:  # every other result is kept, in one form or another; the rest are let go
             kept.append({1: out[0], 3: out[0][5:, ::3], 5: out[0].numpy()}[i])
             expected.append({1: ref[0], 3: ref[0][5:, ::3], 5: ref[0].numpy()}[i])
         del out
     for k, e in zip(kept, expected):
         if isinstance(k, np.ndarray):
-            np.testing.assert_allclose(k, e, rtol=1e-4, atol=1e-5)
+            np.testing.assert_allclose(k, e, rtol=1e-4, atol=5e-5)
         else:
-            torch.testing.assert_close(k, e, rtol=1e-4, atol=1e-5)
+            torch.testing.assert_close(k, e, rtol=1e-4, atol=5e-5)
     assert fresh_pool.reused > 0
 
 
