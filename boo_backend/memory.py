@@ -2,7 +2,7 @@
 memory, which results sit in an argument's memory or in one another's, and which results
 must leave IREE's pool at once.
 
-A leaf: imports nothing from boo_backend.
+Imports pool (the storage results are copied into) from boo_backend.
 """
 
 from __future__ import annotations
@@ -11,6 +11,8 @@ import bisect
 
 import numpy as np
 import torch
+
+from . import pool
 
 
 def spans(tensors: list[torch.Tensor]) -> list[tuple[int, int, int]]:
@@ -89,8 +91,13 @@ def copy_into(out: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
 
 
 def dense_copy(t: torch.Tensor) -> torch.Tensor:
-    """A fresh, dense copy of `t` (see copy_into)."""
-    return copy_into(torch.empty(t.shape, dtype=t.dtype, device=t.device), t)
+    """A fresh, dense copy of `t` (see copy_into); on the CPU, in storage from pool.RESULTS
+    (every caller hands the copy out as a result)."""
+    if t.device.type == "cpu" and t.layout == torch.strided and not t.is_quantized:
+        out = pool.RESULTS.tensor(tuple(t.shape), t.dtype)
+    else:
+        out = torch.empty(t.shape, dtype=t.dtype, device=t.device)
+    return copy_into(out, t)
 
 
 def out_of_pool(results: list[torch.Tensor], spans: list[tuple[int, int, int]]) -> list[torch.Tensor]:

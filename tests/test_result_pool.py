@@ -202,3 +202,44 @@ def test_reset_empties_the_pool_and_results_keep_their_storage():
     other = pool.RESULTS.tensor(SHAPE, torch.float32)
     other.fill_(4.0)
     assert other.data_ptr() != kept.data_ptr() and bool((kept == 3.0).all())
+
+
+def test_results_of_dynamic_shape_copied_out_of_iree_reuse_storage_and_keep_their_values(fresh_pool, monkeypatch):
+    """local-task's results of dynamic shape are copied out of IREE's pool (memory.out_of_pool)
+    into storage from this pool; results kept across calls keep their values."""
+    from boo_backend import memory
+
+    monkeypatch.setenv("BOO_CPU_DRIVER", "local-task")
+    copied = []
+    real = memory.out_of_pool
+    monkeypatch.setattr(memory, "out_of_pool", lambda out, spans: copied.append(len(out)) or real(out, spans))
+
+    def f(x):
+        return torch.tanh(x) * 3, x.exp().sum(1)
+
+    run = torch.compile(f, backend="boo", dynamic=True)
+    g = torch.Generator().manual_seed(4)
+    kept = []
+    for rows in (301, 437, 301, 437, 301, 437):
+        x = torch.randn(rows, 997, generator=g)
+        out = run(x)
+        torch.testing.assert_close(out[0], f(x)[0], rtol=1e-4, atol=1e-5)
+        if rows == 437:
+            kept.append((out[0], f(x)[0]))
+        del out
+    for k, e in kept:
+        torch.testing.assert_close(k, e, rtol=1e-4, atol=1e-5)
+    assert copied and fresh_pool.reused > 0
+
+
+def test_dense_copy_uses_the_pool_for_cpu_tensors_only_once_the_last_copy_is_gone(fresh_pool):
+    from boo_backend import memory
+
+    t = torch.randn(SHAPE)
+    a = memory.dense_copy(t)
+    ptr = a.data_ptr()
+    b = memory.dense_copy(t.t())
+    assert b.data_ptr() != ptr and torch.equal(b, t.t().contiguous())
+    del a
+    c = memory.dense_copy(t * 2)
+    assert c.data_ptr() == ptr and torch.equal(c, t * 2) and torch.equal(b, t.t().contiguous())
