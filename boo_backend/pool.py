@@ -1,5 +1,6 @@
-"""Memory for the results that CPU modules write into storage their caller passes
-(storage.with_storage), kept after the results die and handed out again.
+"""Memory for CPU modules' results, kept after the results die and handed out again: the
+storage a call passes for the results it writes there (storage.with_storage), and the copies
+of results of dynamic shape out of IREE's pool (memory.dense_copy).
 
 A fresh tensor of tens of MB costs a page fault per 4 KiB on its first write: about 28 ms for
 the 62.5 MiB a Llama's loss writes (torch.empty is 0.02 ms; torch.zeros of the same size
@@ -8,6 +9,7 @@ nothing else holds any more is written again instead: in a scratch experiment th
 part's storage from the step before, the Llama of bench/scale.py spent 180-199 ms a step in its
 IREE parts instead of 292-299 (bench/RESULTS.md, tenth session).
 
+A result takes a free storage of its size in bytes or up to _SLACK times larger.
 A storage is handed out again only when the pool holds the last reference to it: a result
 kept for the backward, a `.grad`, a view, a numpy array or a DLPack capsule of it each hold one
 (torch counts them on the storage), so nothing still readable is ever overwritten. The pool
@@ -20,6 +22,7 @@ Imports config (BooError) from boo_backend.
 
 from __future__ import annotations
 
+import bisect
 import collections
 import os
 import threading
@@ -32,6 +35,10 @@ _DEFAULT_MB = 1024
 # Smaller results are left to torch's allocator: their page faults cost little, and each
 # storage the pool holds adds to the list it searches.
 _MIN_BYTES = 256 << 10
+# A result may take a free storage up to this much larger than it needs: with dynamic shapes
+# the sizes move a little from step to step (sequence lengths), and an exact match would keep
+# a storage for every length met.
+_SLACK = 1.25
 
 
 def _alone(storage: torch.UntypedStorage) -> bool:
@@ -47,6 +54,7 @@ class Pool:
         self.held = 0
         self.reused = 0  # storages handed out again, for tests and diagnosis
         self._by_size: dict[int, list[torch.UntypedStorage]] = collections.defaultdict(list)
+        self._sizes: list[int] = []  # the keys of _by_size, in order
         self._lock = threading.Lock()
 
     def tensor(self, shape: tuple, dtype: torch.dtype) -> torch.Tensor:
@@ -63,19 +71,26 @@ class Pool:
             return torch.empty(0, dtype=dtype).set_(storage, 0, shape)
 
     def _take(self, nbytes: int) -> torch.UntypedStorage:
-        same = self._by_size[nbytes]
-        for i, storage in enumerate(same):
-            if _alone(storage):
-                same.pop(i)
-                if storage.nbytes() == nbytes:
-                    same.append(storage)
-                    self.reused += 1
-                    return storage
-                self.held -= nbytes  # a caller's resize_ changed it: drop it
-                break
+        """A free storage of `nbytes` to _SLACK times that (the smallest such), else a new one."""
+        k = bisect.bisect_left(self._sizes, nbytes)
+        while k < len(self._sizes) and self._sizes[k] <= nbytes * _SLACK:
+            size = self._sizes[k]
+            same = self._by_size[size]
+            for i, storage in enumerate(same):
+                if _alone(storage):
+                    same.pop(i)
+                    if storage.nbytes() == size:
+                        same.append(storage)
+                        self.reused += 1
+                        return storage
+                    self.held -= size  # a caller's resize_ changed it: drop it
+                    break
+            k += 1
         storage = torch.UntypedStorage(nbytes)
         if self._make_room(nbytes):
-            same.append(storage)
+            if nbytes not in self._by_size:
+                bisect.insort(self._sizes, nbytes)
+            self._by_size[nbytes].append(storage)
             self.held += nbytes
         return storage
 
@@ -101,6 +116,7 @@ class Pool:
         """Forget every storage (results that still hold one keep it)."""
         with self._lock:
             self._by_size.clear()
+            self._sizes.clear()
             self.held = 0
 
 

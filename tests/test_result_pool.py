@@ -62,6 +62,22 @@ def test_other_sizes_and_small_or_empty_results_get_their_own_memory():
     assert p.held == each + 301 * 1000 * 4 and p.reused == 1
 
 
+def test_a_result_takes_a_free_storage_at_most_a_quarter_larger():
+    p = pool.Pool(64 << 20)
+    near = p.tensor((320, 1000), torch.float32)
+    far = p.tensor((400, 1000), torch.float32)
+    near_ptr, far_ptr = near.data_ptr(), far.data_ptr()
+    del near, far
+    a = p.tensor(SHAPE, torch.float32)  # 1.07x: the 320-row storage
+    assert a.data_ptr() == near_ptr and a.shape == SHAPE and a.untyped_storage().nbytes() == 320 * 1000 * 4
+    b = p.tensor(SHAPE, torch.float32)  # only the 400-row one is free (1.33x): memory of its own
+    assert b.data_ptr() not in (near_ptr, far_ptr) and b.untyped_storage().nbytes() == 300 * 1000 * 4
+    a.fill_(1.0)
+    b.fill_(2.0)
+    assert bool((a == 1.0).all()) and bool((b == 2.0).all())
+    assert p.held == (320 + 400 + 300) * 1000 * 4 and p.reused == 1
+
+
 def test_the_limit_drops_the_least_recently_used_storages_held_by_the_pool_alone():
     each = 300 * 1000 * 4
     p = pool.Pool(3 * each)
