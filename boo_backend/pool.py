@@ -22,8 +22,8 @@ Imports config (BooError) from boo_backend.
 
 from __future__ import annotations
 
-import bisect
 import collections
+import math
 import os
 import threading
 
@@ -54,15 +54,12 @@ class Pool:
         self.held = 0
         self.reused = 0  # storages handed out again, for tests and diagnosis
         self._by_size: dict[int, list[torch.UntypedStorage]] = collections.defaultdict(list)
-        self._sizes: list[int] = []  # the keys of _by_size, in order
         self._lock = threading.Lock()
 
     def tensor(self, shape: tuple, dtype: torch.dtype) -> torch.Tensor:
         """A dense CPU tensor of `shape` and `dtype` whose contents are undefined (as
         torch.empty's): the caller writes all of it."""
-        nbytes = dtype.itemsize
-        for n in shape:
-            nbytes *= n
+        nbytes = math.prod(shape) * dtype.itemsize
         if nbytes < _MIN_BYTES or nbytes > self.limit:
             return torch.empty(shape, dtype=dtype)
         with self._lock:
@@ -72,9 +69,7 @@ class Pool:
 
     def _take(self, nbytes: int) -> torch.UntypedStorage:
         """A free storage of `nbytes` to _SLACK times that (the smallest such), else a new one."""
-        k = bisect.bisect_left(self._sizes, nbytes)
-        while k < len(self._sizes) and self._sizes[k] <= nbytes * _SLACK:
-            size = self._sizes[k]
+        for size in sorted(n for n in self._by_size if nbytes <= n <= nbytes * _SLACK):
             same = self._by_size[size]
             for i, storage in enumerate(same):
                 if _alone(storage):
@@ -85,11 +80,8 @@ class Pool:
                         return storage
                     self.held -= size  # a caller's resize_ changed it: drop it
                     break
-            k += 1
         storage = torch.UntypedStorage(nbytes)
         if self._make_room(nbytes):
-            if nbytes not in self._by_size:
-                bisect.insort(self._sizes, nbytes)
             self._by_size[nbytes].append(storage)
             self.held += nbytes
         return storage
@@ -116,7 +108,6 @@ class Pool:
         """Forget every storage (results that still hold one keep it)."""
         with self._lock:
             self._by_size.clear()
-            self._sizes.clear()
             self.held = 0
 
 
