@@ -347,6 +347,34 @@ def precompile(mlirs: list[str], target: Target, cache: CompileCache, timeout: f
     cache.stats["iree_compile_s"] = before + time.perf_counter() - start
 
 
+_ALIAS = re.compile(r"^(#[\w$.-]+)\s*=", re.M)
+
+
+def combine(mlirs: list[str]) -> str | None:
+    """One module holding the functions of all of `mlirs` (torch-mlir's printed modules):
+    the i-th one's symbols (`@main`, its composite kernels) and attribute aliases (`#map`)
+    are prefixed with `m{i}_`, so its entry point is `m{i}_main`. One iree-compile of the
+    whole took 3.1 s for GPT-2 small's 11 one-op backward modules, against 5.4 s for one
+    compile each, two side by side on two cores. None when a module is not laid out as
+    expected (something after its closing brace, such as resource blobs, or an `@` in a
+    string)."""
+    prelude, bodies = [], []
+    for i, mlir in enumerate(mlirs):
+        head, found, body = mlir.partition("module {\n")
+        body = body.rstrip()
+        if (not found or not body.endswith("\n}") or "{-#" in body or re.search(r'"[^"\n]*@', mlir)
+                or any(line and not line.startswith("#") for line in head.splitlines())):
+            return None
+        body = body[:-1]
+        for alias in _ALIAS.findall(head):
+            pattern = re.compile(re.escape(alias) + r"(?![\w$.-])")
+            head = pattern.sub(f"#m{i}_{alias[1:]}", head)
+            body = pattern.sub(f"#m{i}_{alias[1:]}", body)
+        prelude.append(head)
+        bodies.append(re.sub(r"@([\w$.-]+)", rf"@m{i}_\1", body))
+    return "".join(prelude) + "module {\n" + "".join(bodies) + "}\n"
+
+
 _LEFT_OVER = re.compile(r"^\s*(?:%[\w:#, %]+=\s*)?(torch\.(?:aten|prims)\.[\w.]+)", re.M)
 
 

@@ -26,7 +26,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 from . import hostload, match, symbolic
 from .cache import CompileCache
-from .compile import Target, compile_mlir, precompile
+from .compile import Target, combine, compile_mlir, precompile
 from .config import BooError, Options
 from .lower import arguments, lower
 from .partition import ATEN_MATMUL, ATEN_MEASURED
@@ -144,19 +144,27 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _timed_rounds(fns: list, device: torch.device, scale: int = 1, rounds: int = _MAX_CALLS) -> list[list[float]]:
+def _timed_rounds(fns: list, device: torch.device, scale: int = 1, rounds: int = _MAX_CALLS,
+                  optional: int = 0) -> list[list[float]]:
     """The times of repeated calls of each of `fns`, called in turns (one call of each a
     round), until _BUDGET_S seconds each or `rounds` rounds (at least 3 rounds, or 1 for
-    calls past _LONG_S); `scale` (max-autotune) measures that many times longer."""
+    calls past _LONG_S); `scale` (max-autotune) measures that many times longer. The last
+    `optional` of `fns` are not called (no times) when the others' calls are past _LONG_S."""
+    required = len(fns) - optional
     start = time.perf_counter()
-    for fn in fns:
+    for fn in fns[:required]:
         fn()  # warm-up
         _sync(device)
-    least = 1 if time.perf_counter() - start > _LONG_S * scale * len(fns) else 3
+    long = time.perf_counter() - start > _LONG_S * scale * required
+    called = fns[:required] if long else fns
+    for fn in called[required:]:
+        fn()
+        _sync(device)
+    least = 1 if long else 3
     times: list[list[float]] = [[] for _ in fns]
     spent = 0.0
-    while len(times[0]) < rounds * scale and (spent < _BUDGET_S * scale * len(fns) or len(times[0]) < least):
-        for fn, kept in zip(fns, times):
+    while len(times[0]) < rounds * scale and (spent < _BUDGET_S * scale * len(called) or len(times[0]) < least):
+        for fn, kept in zip(called, times):
             start = time.perf_counter()
             fn()
             _sync(device)
@@ -171,14 +179,14 @@ def _min_time(fn, device: torch.device) -> float:
     return min(_timed_rounds([fn], device, rounds=_FLOOR_CALLS)[0])
 
 
-def _typical_times(fns: list, device: torch.device, scale: int = 1) -> list[float]:
-    """The median time of each of `fns`, called in turns (_timed_rounds), so that every one
-    meets the machine as the others leave it, as ATen's kernels and IREE's calls meet each
-    other in a graph cut between them. The median, not the fastest: on a 2-core VM IREE's
+def _typical_times(fns: list, device: torch.device, scale: int = 1, optional: int = 0) -> list[float | None]:
+    """The median time of each of `fns` (None for an optional one left out), called in turns
+    (_timed_rounds), so that every one meets the machine as the others leave it, as ATen's
+    kernels and IREE's calls meet each other in a graph cut between them. The median, not the fastest: on a 2-core VM IREE's
     local-task calls of a few milliseconds came in two modes, the fast one (4.4 ms for a
     512x1408x512 matmul, ATen 4.3) a third of the time and twice that otherwise, so the
     fastest call made IREE look as fast as ATen where it took twice ATen's time in the step."""
-    return [statistics.median(kept) for kept in _timed_rounds(fns, device, scale)]
+    return [statistics.median(kept) if kept else None for kept in _timed_rounds(fns, device, scale, optional=optional)]
 
 
 def _fastest(measure, earlier: dict | None) -> dict:
@@ -228,6 +236,7 @@ class Timings:
         self.opts = opts
         self._floor: float | None = None
         self._modules: dict[fx.Node, tuple] = {}
+        self._compiled: dict[str, tuple[bytes, str]] = {}  # key: (vmfb, function), see prepare
 
     def _key(self, node: fx.Node) -> str:
         scale = self.opts.measure_scale
@@ -246,17 +255,26 @@ class Timings:
         return self._modules[node]
 
     def prepare(self, nodes: list[fx.Node]) -> None:
-        """Compile the one-op modules of the nodes not timed yet, side by side."""
-        mlirs, seen = [], set()
+        """Compile the one-op modules of the nodes still to be timed: as one module
+        (compile.combine), or, where that fails, side by side."""
+        pending: dict[str, str] = {}
         for node in nodes:
             key = self._key(node)
-            if key not in seen and self.cache.get_json(key) is None:
-                seen.add(key)
+            if key not in pending and not _settled(self.cache.get_json(key)):
                 try:
-                    mlirs.append(self._module(node)[0].mlir)
+                    pending[key] = self._module(node)[0].mlir
                 except Exception as e:  # of() meets it again and says so
                     log.debug("boo: no one-op module for %s (%s)", node.target, e)
-        precompile(mlirs, self.target, self.cache, self.opts.compile_timeout)
+        combined = combine(list(pending.values())) if len(pending) > 1 else None
+        if combined is not None:
+            try:
+                vmfb = compile_mlir(combined, self.target, self.cache, self.opts.compile_timeout)
+            except BooError as e:
+                log.debug("boo: the one-op modules did not compile as one module (%s); compiling them apart", e)
+            else:
+                self._compiled.update((key, (vmfb, f"m{i}_main")) for i, key in enumerate(pending))
+                return
+        precompile(list(pending.values()), self.target, self.cache, self.opts.compile_timeout)
 
     def of(self, node: fx.Node) -> dict:
         """ATen's and IREE's typical seconds for `node` ({"aten_s", "iree_s", "driver",
@@ -283,13 +301,25 @@ class Timings:
         table = dict(zip(nodes, aten_args))
         args, kwargs = fx.node.map_arg((node.args, node.kwargs), table.__getitem__)
         lowered, iree_args = self._module(node)
-        vmfb = compile_mlir(lowered.mlir, self.target, self.cache, self.opts.compile_timeout)
-        function = IreeFunction(vmfb, self.target, graph=f"timing {node.target}")
+        vmfb, name = self._compiled.get(self._key(node)) or (
+            compile_mlir(lowered.mlir, self.target, self.cache, self.opts.compile_timeout), "main")
+        # Each driver is timed (the default first); the others only for calls short enough
+        # that one core may do (see _timed_rounds' `optional`).
+        drivers = [self.target.driver, *(d for d in self.target.drivers if d != self.target.driver)]
+        functions = [IreeFunction(vmfb, self.target, name, graph=f"timing {node.target}", driver=d)
+                     for d in drivers]
         tensors = arguments(lowered.inputs, iree_args)
         count = len(lowered.result_layouts)
-        fns = [lambda: node.target(*args, **kwargs), lambda: function(tensors, count)]
-        result = _fastest(lambda: dict(zip(("aten_s", "iree_s"), _typical_times(fns, device, scale))), earlier)
-        result["driver"] = function.driver
+        fns = [lambda: node.target(*args, **kwargs), *(functools.partial(f, tensors, count) for f in functions)]
+        chosen = {}
+
+        def measure() -> dict:
+            aten_s, *iree = _typical_times(fns, device, scale, optional=len(drivers) - 1)
+            iree_s, chosen["driver"] = min((s, d) for s, d in zip(iree, drivers) if s is not None)
+            return {"aten_s": aten_s, "iree_s": iree_s}
+
+        result = _fastest(measure, earlier)
+        result["driver"] = chosen["driver"]
         return result
 
     def floor(self) -> float:

@@ -2,6 +2,8 @@
 matmuls placed by measurement (BOO_ATEN_MATMUL). These test the mechanisms and their
 results, never a speed: timings are injected where a decision must go one way."""
 
+import time
+
 import pytest
 import torch
 import torch.nn as nn
@@ -400,7 +402,7 @@ def test_a_timing_taken_under_load_is_taken_again_and_keeps_the_fastest(monkeypa
             pass
 
     monkeypatch.setattr(hostload, "Window", Window)
-    monkeypatch.setattr(extern, "_typical_times", lambda fns, device, scale=1: [f() for f in fns] and next(times))
+    monkeypatch.setattr(extern, "_typical_times", lambda fns, device, scale=1, optional=0: [f() for f in fns] and next(times))
     cache = CompileCache(tmp_path / "cache")
     timings = lambda: extern.Timings(cache, parse_target("llvm-cpu"), Options.resolve({}))
 
@@ -420,3 +422,101 @@ def test_a_timing_taken_under_load_is_taken_again_and_keeps_the_fastest(monkeypa
         assert t["samples"] == sample and not t["quiet"] and t["others"] == 1.0
     assert (t["aten_s"], t["iree_s"]) == (3e-3, 4e-3)
     assert timings().of(node) == t
+
+
+def _node(fn, *examples):
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    graph = make_fx(fn)(*examples)
+    return next(n for n in graph.graph.nodes if n.op == "call_function" and n.target in extern.ATEN_MEASURED)
+
+
+def _timed_nodes():
+    """Matmuls, a transposed weight and two attentions whose composite kernels share a name
+    (the same heads and scale, other lengths): what one combined module must keep apart."""
+    g = torch.Generator().manual_seed(5)
+    r = lambda *shape: torch.randn(*shape, generator=g)
+    sdpa = lambda q, k, v: torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, is_causal=True)
+    return [
+        _node(torch.mm, r(40, 56), r(56, 72)),
+        _node(lambda x, w: torch.mm(x, w.t()), r(33, 56), r(104, 56)),
+        _node(torch.addmm, r(72), r(24, 40), r(40, 72)),
+        _node(sdpa, r(2, 3, 40, 16), r(2, 3, 40, 16), r(2, 3, 40, 16)),
+        _node(sdpa, r(2, 3, 72, 16), r(2, 3, 72, 16), r(2, 3, 72, 16)),
+    ]
+
+
+def test_the_one_op_modules_compile_as_one_module(tmp_path):
+    """The one-op modules of the nodes to time compile as one module, in one iree-compile
+    (compile.combine), and each function of it computes its own node's op."""
+    from boo_backend.cache import CompileCache
+    from boo_backend.compile import parse_target
+    from boo_backend.lower import arguments
+
+    target = parse_target("llvm-cpu")
+    cache = CompileCache(tmp_path / "cache")
+    timings = extern.Timings(cache, target, Options.resolve({}))
+    nodes = _timed_nodes()
+    before = cache.stats["iree_compiles"]  # counted for the process
+    timings.prepare(nodes)
+    assert cache.stats["iree_compiles"] - before == 1
+    names = set()
+    for node in nodes:
+        vmfb, name = timings._compiled[timings._key(node)]
+        names.add(name)
+        lowered, args = timings._module(node)
+        got = IreeFunction(vmfb, target, name)(arguments(lowered.inputs, args), len(lowered.result_layouts))
+        table = dict(zip(extern._tensor_args(node), args))
+        call_args, call_kwargs = torch.fx.node.map_arg((node.args, node.kwargs), table.__getitem__)
+        want = node.target(*call_args, **call_kwargs)
+        want = list(want) if isinstance(want, tuple) else [want]
+        for g, w in zip(got, want, strict=True):
+            assert_close(g, w, rtol=1e-4, atol=1e-4)
+    assert len(names) == len(nodes)
+
+
+def test_one_op_modules_that_fail_as_one_compile_apart(monkeypatch, tmp_path):
+    from boo_backend import compile as boo_compile
+    from boo_backend.cache import CompileCache
+    from boo_backend.compile import BooCompileError, parse_target
+
+    real = boo_compile.compile_mlir
+
+    def failing(mlir, *args, **kwargs):
+        if "@m1_main" in mlir:
+            raise BooCompileError(mlir, [], "injected")
+        return real(mlir, *args, **kwargs)
+
+    monkeypatch.setattr(boo_compile, "compile_mlir", failing)
+    monkeypatch.setattr(extern, "compile_mlir", failing)
+    cache = CompileCache(tmp_path / "cache")
+    timings = extern.Timings(cache, parse_target("llvm-cpu"), Options.resolve({}))
+    nodes = _timed_nodes()[:3]
+    before = cache.stats["iree_compiles"]
+    timings.prepare(nodes)
+    assert timings._compiled == {} and cache.stats["iree_compiles"] - before == len(nodes)
+
+
+def test_combine_declines_modules_it_cannot_merge():
+    from boo_backend.compile import combine
+
+    plain = "module {\n  func.func @main() {\n    return\n  }\n}\n"
+    assert "@m1_main" in combine([plain, plain])
+    assert combine([plain, plain + '{-#\n  dialect_resources: {}\n#-}\n']) is None
+    assert combine([plain, 'module {\n  func.func @main() attributes {n = "a@b"} {\n    return\n  }\n}\n']) is None
+
+
+def test_other_drivers_are_timed_only_for_short_calls():
+    calls = {"long": 0, "short": 0, "optional": 0}
+
+    def counted(name, seconds=0.0):
+        def fn():
+            calls[name] += 1
+            time.sleep(seconds)
+        return fn
+
+    times = extern._timed_rounds([counted("long", extern._LONG_S * 1.5), counted("optional")], torch.device("cpu"),
+                                 optional=1)
+    assert calls["optional"] == 0 and times[1] == [] and len(times[0]) >= 1
+    times = extern._timed_rounds([counted("short"), counted("optional")], torch.device("cpu"), optional=1)
+    assert calls["optional"] == calls["short"] > 3 and len(times[1]) == calls["optional"] - 1
