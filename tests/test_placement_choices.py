@@ -515,7 +515,7 @@ def test_other_drivers_are_timed_only_for_short_calls():
             time.sleep(seconds)
         return fn
 
-    times = extern._timed_rounds([counted("long", extern._LONG_S * 1.5), counted("optional")], torch.device("cpu"),
+    times = extern._timed_rounds([counted("long", extern._SHORT_S * 1.5), counted("optional")], torch.device("cpu"),
                                  optional=1)
     assert calls["optional"] == 0 and times[1] == [] and len(times[0]) >= 1
     times = extern._timed_rounds([counted("short"), counted("optional")], torch.device("cpu"), optional=1)
