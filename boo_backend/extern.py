@@ -60,6 +60,10 @@ _MAX_CALLS = 10
 _FLOOR_CALLS = 5000
 # _random_like repeats this many random values.
 _BLOCK = 4099
+# The one-op modules to time compile in modules of up to this many (Timings.prepare; one
+# compile for many costs less than one each, see compile.combine), so that one that fails
+# costs a bounded number of compiles again.
+_GROUP = 16
 # A call at least this long is timed once after its warm-up (not three times): at this
 # length one call's noise is a few percent, and a vocabulary projection's matmul takes a
 # second here, so three calls of each kind made placing it cost more than compiling.
@@ -259,8 +263,9 @@ class Timings:
         return self._modules[node]
 
     def prepare(self, nodes: list[fx.Node]) -> None:
-        """Compile the one-op modules of the nodes still to be timed: as one module
-        (compile.combine), or, where that fails, side by side."""
+        """Compile the one-op modules of the nodes still to be timed, up to _GROUP of them
+        in one module (compile.combine), such modules side by side; the modules of a group
+        that fails to compile are compiled apart, so that each failure is its own."""
         pending: dict[str, str] = {}
         for node in nodes:
             key = self._key(node)
@@ -269,16 +274,23 @@ class Timings:
                     pending[key] = self._module(node)[0].mlir
                 except Exception as e:  # of() meets it again and says so
                     log.debug("boo: no one-op module for %s (%s)", node.target, e)
-        combined = combine(list(pending.values())) if len(pending) > 1 else None
-        if combined is not None:
+        keys = list(pending)
+        groups = [keys[i:i + _GROUP] for i in range(0, len(keys), _GROUP)]
+        combined = [combine([pending[k] for k in group]) if len(group) > 1 else None for group in groups]
+        timeout = self.opts.compile_timeout
+        precompile([text for text in combined if text is not None], self.target, self.cache, timeout)
+        apart: list[str] = []
+        for group, text in zip(groups, combined):
             try:
-                vmfb = compile_mlir(combined, self.target, self.cache, self.opts.compile_timeout)
+                if text is None:
+                    raise BooError("not combined")
+                vmfb = compile_mlir(text, self.target, self.cache, timeout)  # from the cache
             except BooError as e:
-                log.debug("boo: the one-op modules did not compile as one module (%s); compiling them apart", e)
+                log.debug("boo: %d one-op modules compile apart (%s)", len(group), str(e).splitlines()[0])
+                apart += group
             else:
-                self._compiled.update((key, (vmfb, f"m{i}_main")) for i, key in enumerate(pending))
-                return
-        precompile(list(pending.values()), self.target, self.cache, self.opts.compile_timeout)
+                self._compiled.update((key, (vmfb, f"m{i}_main")) for i, key in enumerate(group))
+        precompile([pending[k] for k in apart], self.target, self.cache, timeout)
 
     def of(self, node: fx.Node) -> dict:
         """ATen's and IREE's typical seconds for `node` ({"aten_s", "iree_s", "driver",

@@ -475,6 +475,21 @@ def test_the_one_op_modules_compile_as_one_module(tmp_path):
     assert len(names) == len(nodes)
 
 
+def test_the_one_op_modules_compile_in_groups(monkeypatch, tmp_path):
+    from boo_backend.cache import CompileCache
+    from boo_backend.compile import parse_target
+
+    monkeypatch.setattr(extern, "_GROUP", 2)
+    cache = CompileCache(tmp_path / "cache")
+    timings = extern.Timings(cache, parse_target("llvm-cpu"), Options.resolve({}))
+    nodes = _timed_nodes()
+    before = cache.stats["iree_compiles"]
+    timings.prepare(nodes)  # [0, 1] and [2, 3] as one module each; the last one alone when timed
+    assert cache.stats["iree_compiles"] - before == 2
+    assert {timings._key(n) for n in nodes[:4]} == set(timings._compiled)
+    assert extern.Timings(cache, parse_target("llvm-cpu"), Options.resolve({}))._measure(nodes[4], None)["iree_s"] > 0
+
+
 def test_one_op_modules_that_fail_as_one_compile_apart(monkeypatch, tmp_path):
     from boo_backend import compile as boo_compile
     from boo_backend.cache import CompileCache
