@@ -157,18 +157,19 @@ def _timed_rounds(fns: list, device: torch.device, scale: int = 1, rounds: int =
     """The times of repeated calls of each of `fns`, called in turns (one call of each a
     round), until _BUDGET_S seconds each or `rounds` rounds (at least 3 rounds, or 1 for
     calls past _LONG_S); `scale` (max-autotune) measures that many times longer. The last
-    `optional` of `fns` are not called (no times) when the others' calls are past _SHORT_S."""
+    `optional` of `fns` are not called (no times) when the others' calls are past _SHORT_S
+    (max-autotune calls them all)."""
     required = len(fns) - optional
     start = time.perf_counter()
     for fn in fns[:required]:
         fn()  # warm-up
         _sync(device)
-    warm_up = (time.perf_counter() - start) / (scale * required)
-    called = fns if warm_up <= _SHORT_S else fns[:required]
+    per_call = (time.perf_counter() - start) / required
+    called = fns if per_call <= _SHORT_S or scale > 1 else fns[:required]
     for fn in called[required:]:
         fn()
         _sync(device)
-    least = 1 if warm_up > _LONG_S else 3
+    least = 1 if per_call > _LONG_S * scale else 3
     times: list[list[float]] = [[] for _ in fns]
     spent = 0.0
     while len(times[0]) < rounds * scale and (spent < _BUDGET_S * scale * len(called) or len(times[0]) < least):
@@ -190,10 +191,11 @@ def _min_time(fn, device: torch.device) -> float:
 def _typical_times(fns: list, device: torch.device, scale: int = 1, optional: int = 0) -> list[float | None]:
     """The median time of each of `fns` (None for an optional one left out), called in turns
     (_timed_rounds), so that every one meets the machine as the others leave it, as ATen's
-    kernels and IREE's calls meet each other in a graph cut between them. The median, not the fastest: on a 2-core VM IREE's
-    local-task calls of a few milliseconds came in two modes, the fast one (4.4 ms for a
-    512x1408x512 matmul, ATen 4.3) a third of the time and twice that otherwise, so the
-    fastest call made IREE look as fast as ATen where it took twice ATen's time in the step."""
+    kernels and IREE's calls meet each other in a graph cut between them. The median, not
+    the fastest: on a 2-core VM IREE's local-task calls of a few milliseconds came in two
+    modes, the fast one (4.4 ms for a 512x1408x512 matmul, ATen 4.3) a third of the time and
+    twice that otherwise, so the fastest call made IREE look as fast as ATen where it took
+    twice ATen's time in the step."""
     return [statistics.median(kept) if kept else None for kept in _timed_rounds(fns, device, scale, optional=optional)]
 
 
@@ -320,9 +322,9 @@ class Timings:
         vmfb, name = self._compiled.get(self._key(node)) or (
             compile_mlir(lowered.mlir, self.target, self.cache, self.opts.compile_timeout), "main")
         # Each driver is timed (the default first); the others only for short calls
-        # (_SHORT_S). No first-call check of what
-        # IREE writes into (`checked`): it clones every argument, a vocabulary's weight
-        # included, inside the timed warm-up, and these arguments are the timing's own.
+        # (_SHORT_S). No first-call check of what IREE writes into (`checked`): it clones
+        # every argument, a vocabulary's weight included, and its time would count in the
+        # warm-up that decides which drivers are timed; these arguments are the timing's own.
         drivers = [self.target.driver, *(d for d in self.target.drivers if d != self.target.driver)]
         functions = [IreeFunction(vmfb, self.target, name, graph=f"timing {node.target}", driver=d,
                                   checked=frozenset()) for d in drivers]
