@@ -8,13 +8,18 @@ rounds, one step of every backend per round in rotating order, so the machine's 
 on all of them alike. Prints each step's losses and times, each backend's compile seconds
 (its first step over eager's) and median step against eager's, boo's compile time by stage,
 and where boo placed every graph's ops. Exits non-zero if boo's losses differ from eager's.
-Uses only boo_backend's public API.
+Boo and Inductor compile into empty caches of this run's own (--caches fresh), so the
+compile seconds are cold compiles every time; --caches shared uses their usual caches, where
+a second run starts warm. Uses only boo_backend's public API.
 """
 
 import argparse
+import contextlib
 import copy
+import os
 import statistics
 import sys
+import tempfile
 import time
 
 import torch
@@ -35,9 +40,9 @@ def build(args):
 
 
 class Trainer:
-    def __init__(self, model, backend: str | None):
+    def __init__(self, model, backend: str | None, options: dict | None = None):
         self.model = model
-        self.run = model if backend is None else torch.compile(model, backend=backend)
+        self.run = model if backend is None else torch.compile(model, backend=backend, options=options)
         self.opt = torch.optim.AdamW(model.parameters(), lr=3e-4)
         self.losses, self.times = [], []
 
@@ -60,7 +65,20 @@ def main(argv=None):
     parser.add_argument("--seq", type=int, default=128)
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--backends", default="eager,inductor,boo")
+    parser.add_argument("--caches", choices=("fresh", "shared"), default="fresh",
+                        help="fresh: empty compile caches for this run (cold compiles); shared: boo's and "
+                             "Inductor's usual caches (a second run starts warm)")
     args = parser.parse_args(argv)
+    with contextlib.ExitStack() as stack:
+        options = {"boo": {}}
+        if args.caches == "fresh":
+            root = stack.enter_context(tempfile.TemporaryDirectory(prefix="boo-main-job-", ignore_cleanup_errors=True))
+            os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(root, "inductor")
+            options["boo"]["cache_dir"] = os.path.join(root, "boo")
+        return _run(args, options)
+
+
+def _run(args, options: dict) -> int:
     names = args.backends.split(",")
     if "eager" not in names:
         names.insert(0, "eager")
@@ -70,10 +88,12 @@ def main(argv=None):
     print(host_line(), flush=True)
     print(f"model: GPT-2, {args.layers} layers of width {args.width}, vocabulary {args.vocab}; "
           f"batches of {args.batch} x {args.seq} tokens; AdamW", flush=True)
+    print("compile caches: " + ("empty, this run's own (cold compiles)" if args.caches == "fresh"
+                                else "boo's and Inductor's usual ones (warm if an earlier run filled them)"), flush=True)
     model = build(args)
     g = torch.Generator().manual_seed(1)
     batches = [torch.randint(0, args.vocab, (args.batch, args.seq), generator=g) for _ in range(args.steps)]
-    trainers = {n: Trainer(copy.deepcopy(model), None if n == "eager" else n) for n in names}
+    trainers = {n: Trainer(copy.deepcopy(model), None if n == "eager" else n, options.get(n)) for n in names}
     for name, t in trainers.items():  # first steps: the compiles
         t.step(batches[0])
         print(f"{name}: first step {t.times[0]:.1f} s", flush=True)
