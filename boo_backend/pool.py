@@ -56,10 +56,12 @@ class Pool:
         self._by_size: dict[int, list[torch.UntypedStorage]] = collections.defaultdict(list)
         self._lock = threading.Lock()
 
-    def tensor(self, shape: tuple, dtype: torch.dtype) -> torch.Tensor:
+    def tensor(self, shape: tuple, dtype: torch.dtype, nbytes: int | None = None) -> torch.Tensor:
         """A dense CPU tensor of `shape` and `dtype` whose contents are undefined (as
-        torch.empty's): the caller writes all of it."""
-        nbytes = math.prod(shape) * dtype.itemsize
+        torch.empty's): the caller writes all of it. `nbytes`: its size, where the caller
+        knows it already."""
+        if nbytes is None:
+            nbytes = math.prod(shape) * dtype.itemsize
         if nbytes < _MIN_BYTES or nbytes > self.limit:
             return torch.empty(shape, dtype=dtype)
         with self._lock:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import math
 import os
 import threading
 import time
@@ -87,6 +88,11 @@ class _Loaded:
         self.device = device
         self.pooled = pooled
         self.placed = placed
+        # What each call needs to pass a placed result's storage, worked out once.
+        self._storage = [(j, tuple(shape), dtype, math.prod(shape) * dtype.itemsize,
+                          memory.SAME_SIZE_INT[dtype.itemsize], rt.Shape(list(shape)))
+                         for j, shape, dtype in placed]
+        self._placed_at = frozenset(j for j, _, _ in placed)
         self.context = rt.VmContext(inst, [rt.create_hal_module(inst, device), module])
         if queue is not None:
             name += "$async"
@@ -100,31 +106,37 @@ class _Loaded:
         args = _arguments(self.device, passed)
         if self.queue is not None:
             return self.queue.export(self.queue.invoke(self.context, self.function, args, num_results, sync))
-        storage = [pool.RESULTS.tensor(shape, dtype) for _, shape, dtype in self.placed]
-        for t in storage:
-            args.push_ref(_storage(self.device, t).ref)
+        storage = self._placed_storage(args) if self._storage else ()
         results = rt.VmVariantList(num_results - len(storage))
         self.context.invoke(self.function, args, results)
         out = [gpu.export_tensor(self.device, results.get_as_object(i, rt.HalBufferView), gpu.DLPACK_CPU, 0)
                for i in range(len(results))]
         if self.pooled and out:
             out = memory.out_of_pool(out, memory.spans(passed) if spans is None else spans)
-        for (j, _, _), t in zip(self.placed, storage):
-            out.insert(j, t)
-        return out
+        if not storage:
+            return out
+        if not out:
+            return storage
+        made, placed = iter(out), iter(storage)
+        return [next(placed) if j in self._placed_at else next(made) for j in range(num_results)]
+
+    def _placed_storage(self, args: rt.VmVariantList) -> list[torch.Tensor]:
+        """Fresh storage for each placed result (from pool.RESULTS), pushed onto `args` as a
+        buffer view IREE writes the result into, zero-copy."""
+        storage = []
+        allocator = self.device.allocator
+        for _, shape, dtype, nbytes, bits, view_shape in self._storage:
+            t = pool.RESULTS.tensor(shape, dtype, nbytes)
+            storage.append(t)
+            buffer = allocator.import_host_allocation(t.view(bits).numpy(), _STORAGE_MEMORY, _STORAGE_USAGE)
+            args.push_ref(buffer.create_view(view_shape, dtype.itemsize).ref)
+        return storage
 
 
 # Storage for placed results is imported as host memory IREE may write in full: a DLPack
 # import allows READ|WRITE only, and local-sync's writes of a whole buffer ask for DISCARD_WRITE.
 _STORAGE_MEMORY = int(rt.MemoryType.DEVICE_LOCAL) | int(rt.MemoryType.HOST_VISIBLE)
 _STORAGE_USAGE = int(rt.BufferUsage.DEFAULT) | int(rt.BufferUsage.MAPPING)
-
-
-def _storage(device: rt.HalDevice, t: torch.Tensor) -> rt.HalBufferView:
-    """A fresh, dense CPU tensor as a buffer view IREE writes a result into, zero-copy."""
-    raw = t.view(memory.SAME_SIZE_INT[t.element_size()]).numpy()
-    buffer = device.allocator.import_host_allocation(raw, _STORAGE_MEMORY, _STORAGE_USAGE)
-    return buffer.create_view(rt.Shape(list(t.shape)), t.element_size())
 
 
 # How a CPU module picks its driver when BOO_CPU_DRIVER=auto: after its first call, it is
@@ -322,6 +334,8 @@ class IreeFunction:
         home = _elsewhere(tensors, self._gpu)
         if home is not None:
             out = [r.to(home) for r in out]
+        elif len(self.placed) == num_results:
+            return out  # each result lies in storage this call took: fresh, and apart
         # Only memory the caller still reads matters: a copy made for this call (an argument
         # IREE writes into) and a donated tensor are no one else's, so a result there is fresh.
         return memory.unalias(out, [s for s in spans if passed[s[2]] is tensors[s[2]] and s[2] not in donated])

@@ -1,6 +1,7 @@
 """Results written into storage the caller allocates: a CPU module's `main` takes one more
-argument per result whose shape is known before the call, and IREE writes the result there,
-so nothing is copied out of IREE's pool (memory.POOLED).
+argument per result whose shape is known before the call (and that is not tiny:
+PLACED_MIN_BYTES), and IREE writes the result there, so nothing is copied out of IREE's pool
+(memory.POOLED).
 
 Imports lower (Lowered) and memory (the element sizes the runtime can import) from boo_backend.
 """
@@ -8,6 +9,7 @@ Imports lower (Lowered) and memory (the element sizes the runtime can import) fr
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import torch
 
@@ -15,14 +17,25 @@ from . import memory
 from .lower import Lowered
 
 
+# Results smaller than this are left to IREE. Passing storage costs the call a few Python
+# steps per result (a tensor, its import, a buffer view) that cost more than the result is
+# worth: a result IREE allocates costs only its export, and on local-task a copy of a few KB
+# out of IREE's pool. The zoo's 2-layer GPT-2 and Llama place 8 results a call, all of them
+# small: leaving those to IREE cut the time of their IREE parts 10-15% (bench/RESULTS.md,
+# fourteenth session). The pool reuses no storage under 256 KiB (pool._MIN_BYTES) either, so
+# a result this small gains nothing else from being placed.
+PLACED_MIN_BYTES = 64 << 10
+
+
 def placeable(lowered: Lowered) -> tuple[int, ...]:
-    """The results whose shape is known before the call and not empty: those the caller can
-    allocate."""
+    """The results whose shape is known before the call, of PLACED_MIN_BYTES or more: those
+    the caller allocates."""
     found = []
     for j, ((shape, _), dtype) in enumerate(zip(lowered.result_layouts, lowered.result_dtypes)):
         kind = getattr(torch, dtype, None)
         if (isinstance(kind, torch.dtype) and not kind.is_complex and kind.itemsize in memory.SAME_SIZE_INT
-                and all(isinstance(n, int) for n in shape) and 0 not in shape):
+                and all(isinstance(n, int) for n in shape)
+                and math.prod(shape) * kind.itemsize >= max(PLACED_MIN_BYTES, 1)):
             found.append(j)
     return tuple(found)
 

@@ -87,7 +87,7 @@ def _pool_growth_mb(tmp_path, calls: int = 600, storage: bool = False) -> float:
         x = torch.randn(n)
         graph = make_fx(lambda a: (a * 2, (a + 1).exp(), a.sum()), tracing_mode="fake")(x)
         lowered = with_storage(lower(graph)) if storage else lower(graph)
-        assert len(lowered.placed) == (3 if storage else 0)
+        assert len(lowered.placed) == (2 if storage else 0)  # not the sum: 4 bytes (PLACED_MIN_BYTES)
         vmfb = compile_mlir(lowered.mlir, target, cache)
         functions.append((IreeFunction(vmfb, target, graph=f"pool {n}", driver="local-task", placed=placed_results(lowered)), x))
 
@@ -118,9 +118,10 @@ def test_results_in_caller_storage_do_not_grow_the_process(tmp_path, monkeypatch
     from boo_backend import memory
 
     copies = []
-    monkeypatch.setattr(memory, "out_of_pool", lambda out, spans: copies.append(out) or out)
+    monkeypatch.setattr(memory, "out_of_pool", lambda out, spans: copies.extend(out) or out)
     assert _pool_growth_mb(tmp_path, storage=True) < 400
-    assert not copies  # nothing came from the pool, so nothing was copied out of it
+    # Only the sums came from IREE's pool (and, with out_of_pool stubbed, stayed there).
+    assert copies and all(r.numel() == 1 for r in copies)
 
 
 @pytest.mark.xfail(strict=True, reason="IREE 3.13's local-task pool does not reuse blocks of results freed late")
