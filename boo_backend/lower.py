@@ -35,7 +35,8 @@ class Lowered:
     inputs: list[tuple]
     # Per graph output: ("arg", i), ("result", j), ("value", python_value), ("size", text):
     # a SymInt the graph returns, as a symbolic.text expression of its inputs' sizes, or
-    # ("view", (i, shape, stride, offset)): a view of input i (see _view_of_input).
+    # ("view", (i, shape, stride, offset)): a view of input i (see _view_of_input), or
+    # ("permuted", (j, order)): result j permuted by `order` (see _permuted_result).
     outputs: list[tuple]
     # Per IREE result: the (shape, stride) the graph says it has; in a graph with dynamic
     # shapes, a symbolic size is a symbolic.text expression (a str), and a stride that is
@@ -125,6 +126,15 @@ def _dense_order(val) -> list[int] | None:
     return order if val.permute(order).is_contiguous() else None
 
 
+def _permuted_result(val) -> list[int] | None:
+    """For a result eager lays out as a permutation of a dense layout (a weight's gradient
+    made as the transpose of a matmul, attention's heads): the order of its dims from the
+    outermost stride in (_dense_order). IREE writes the result in that order, dense, and the
+    caller gets it permuted back: a view with eager's strides (but in size-1 dims, which no
+    read depends on, as for any result), not a copy into eager's layout."""
+    return _dense_order(val)
+
+
 def arguments(inputs: list[tuple], args) -> list:
     """IREE's arguments for one call: `inputs` (Lowered.inputs) taken from the graph's `args`."""
     return [args[v] if k == "arg" else args[v[0]].permute(v[1]) if k == "permuted" else v for k, v in inputs]
@@ -177,6 +187,7 @@ def build_core(gm: fx.GraphModule) -> tuple[fx.GraphModule, list, list, list, bo
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     outputs: list[tuple] = []
     results: list[fx.Node] = []
+    made: dict[fx.Node, int] = {}  # graph output -> its IREE result
     result_layouts: list = []
     for value in flat:
         if isinstance(value, fx.Node) and value.op == "placeholder":
@@ -191,12 +202,20 @@ def build_core(gm: fx.GraphModule) -> tuple[fx.GraphModule, list, list, list, bo
         elif isinstance(value, fx.Node):
             if not _is_tensor_value(value):
                 raise BooError(f"boo: graph output {value.name} is not a tensor; cannot return it from IREE")
-            mapped = env[value]
-            if mapped not in results:
+            val = value.meta["val"]
+            order = _permuted_result(val)
+            if value not in made:
+                mapped = env[value]
+                if order is not None:  # IREE writes it as it lies in memory
+                    mapped = graph.call_function(torch.ops.aten.permute.default, (mapped, list(order)))
+                    mapped.meta = {"val": val.permute(order)}
+                made[value] = len(results)
                 results.append(mapped)
-                val = value.meta["val"]
-                result_layouts.append(_layout(val))
-            outputs.append(("result", results.index(mapped)))
+                result_layouts.append(_layout(mapped.meta["val"] if order is not None else val))
+            if order is None:
+                outputs.append(("result", made[value]))
+            else:
+                outputs.append(("permuted", (made[value], tuple(sorted(range(len(order)), key=order.__getitem__)))))
         else:
             outputs.append(("value", value))
     graph.output(tuple(results))

@@ -134,7 +134,7 @@ class IreePart(torch.nn.Module):
                 results[j] = _restrided(results[j], shape, stride)
         outs = [
             args[v] if k == "arg" else results[v] if k == "result" else sizes[v] if k == "size"
-            else _view(args, v, sizes) if k == "view" else v
+            else _view(args, v, sizes) if k == "view" else results[v[0]].permute(v[1]) if k == "permuted" else v
             for k, v in low.outputs
         ]
         return tuple(outs) if low.tuple_output else outs[0]

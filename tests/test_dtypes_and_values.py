@@ -237,3 +237,40 @@ def test_permuted_inputs_reach_iree_as_they_lie(monkeypatch, dtype):
             assert not copied, [tuple(t.shape) for t in copied]
     assert all(p.island == 0 for p in boo_backend.placements())
     assert all(torch.equal(a, b) for a, b in zip((q, k, w), before))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int32])
+def test_permuted_results_are_written_as_they_lie(monkeypatch, dtype):
+    """Results that eager lays out as a permutation of a dense layout (a transposed matmul,
+    heads moved between dims) come back with eager's strides and values as views of what IREE
+    wrote in that order, not as copies into eager's layout; a layout that is no permutation
+    (a slice of a wider result) is still copied into eager's strides."""
+    from boo_backend import part
+
+    copied = []
+    real = part._restrided
+    monkeypatch.setattr(part, "_restrided", lambda r, shape, stride: copied.append(tuple(shape)) or real(r, shape, stride))
+
+    def f(x, w):
+        y = x * 3 + 1
+        h = y.view(3, 71, 5, 13)
+        wide = torch.cat([y, y], -1)
+        return ((x.view(213, 65) @ w).t(), h.permute(0, 2, 1, 3), y.permute(2, 0, 1), wide[..., :65],
+                h.permute(0, 2, 1, 3)[:, :1].mul(2))
+
+    torch.manual_seed(0)
+    x = (torch.randn(3, 71, 65) * 8).to(dtype)
+    w = (torch.randn(65, 67) * 8).to(dtype)
+    ours, ref = _compiled(f, x, w), f(x, w)
+    for o, r in zip(ours, ref):  # strides of size-1 dims do not count, as for every result
+        assert o.shape == r.shape and o.dtype == r.dtype
+        assert all(n == 1 or a == b for n, a, b in zip(r.shape, o.stride(), r.stride())), (o.stride(), r.stride())
+        close_to_scale(o, r, "value", rel=1e-2 if dtype == torch.bfloat16 else 1e-6, floor=0)
+    permuted = [ours[0], ours[1], ours[2]]
+    assert all(not t.is_contiguous() and t.permute(*_outer_first(t)).is_contiguous() for t in permuted)
+    assert (3, 71, 65) in copied  # the slice of the wider result
+    assert (67, 213) not in copied and (3, 5, 71, 13) not in copied and (65, 3, 71) not in copied
+
+
+def _outer_first(t):
+    return sorted(range(t.dim()), key=lambda d: -t.stride(d))
