@@ -36,7 +36,7 @@ class Lowered:
     # Per graph output: ("arg", i), ("result", j), ("value", python_value), ("size", text):
     # a SymInt the graph returns, as a symbolic.text expression of its inputs' sizes, or
     # ("view", (i, shape, stride, offset)): a view of input i (see _view_of_input), or
-    # ("permuted", (j, order)): result j permuted by `order` (see _permuted_result).
+    # ("permuted", (j, order)): result j permuted by `order` (IREE wrote it dense; build_core).
     outputs: list[tuple]
     # Per IREE result: the (shape, stride) the graph says it has; in a graph with dynamic
     # shapes, a symbolic size is a symbolic.text expression (a str), and a stride that is
@@ -126,13 +126,9 @@ def _dense_order(val) -> list[int] | None:
     return order if val.permute(order).is_contiguous() else None
 
 
-def _permuted_result(val) -> list[int] | None:
-    """For a result eager lays out as a permutation of a dense layout (a weight's gradient
-    made as the transpose of a matmul, attention's heads): the order of its dims from the
-    outermost stride in (_dense_order). IREE writes the result in that order, dense, and the
-    caller gets it permuted back: a view with eager's strides (but in size-1 dims, which no
-    read depends on, as for any result), not a copy into eager's layout."""
-    return _dense_order(val)
+def _inverse(order) -> list[int]:
+    """The permutation that undoes `order`."""
+    return sorted(range(len(order)), key=order.__getitem__)
 
 
 def arguments(inputs: list[tuple], args) -> list:
@@ -163,7 +159,7 @@ def build_core(gm: fx.GraphModule) -> tuple[fx.GraphModule, list, list, list, bo
                     inputs.append(("arg", arg_index))
                 else:  # IREE reads the memory as it lies, and permutes it back in the module
                     env[node].meta = {"val": node.meta["val"].permute(order)}
-                    back = sorted(range(len(order)), key=order.__getitem__)
+                    back = _inverse(order)
                     env[node] = graph.call_function(torch.ops.aten.permute.default, (env[node], back))
                     env[node].meta = dict(node.meta)
                     inputs.append(("permuted", (arg_index, order)))
@@ -203,10 +199,14 @@ def build_core(gm: fx.GraphModule) -> tuple[fx.GraphModule, list, list, list, bo
             if not _is_tensor_value(value):
                 raise BooError(f"boo: graph output {value.name} is not a tensor; cannot return it from IREE")
             val = value.meta["val"]
-            order = _permuted_result(val)
+            # A result eager lays out as a permutation of a dense layout (a matmul's transpose,
+            # attention's heads) is written by IREE in that order, dense, and handed back
+            # permuted: a view with eager's strides (but in size-1 dims, which no read depends
+            # on, as for any result), not a copy into eager's layout.
+            order = _dense_order(val)
             if value not in made:
                 mapped = env[value]
-                if order is not None:  # IREE writes it as it lies in memory
+                if order is not None:
                     mapped = graph.call_function(torch.ops.aten.permute.default, (mapped, list(order)))
                     mapped.meta = {"val": val.permute(order)}
                 made[value] = len(results)
@@ -215,7 +215,7 @@ def build_core(gm: fx.GraphModule) -> tuple[fx.GraphModule, list, list, list, bo
             if order is None:
                 outputs.append(("result", made[value]))
             else:
-                outputs.append(("permuted", (made[value], tuple(sorted(range(len(order)), key=order.__getitem__)))))
+                outputs.append(("permuted", (made[value], tuple(_inverse(order)))))
         else:
             outputs.append(("value", value))
     graph.output(tuple(results))

@@ -87,11 +87,10 @@ class _Loaded:
         inst = _instance()
         self.device = device
         self.pooled = pooled
-        self.placed = placed
         # What each call needs to pass a placed result's storage, worked out once.
-        self._storage = [(j, tuple(shape), dtype, math.prod(shape) * dtype.itemsize,
+        self._storage = [(tuple(shape), dtype, math.prod(shape) * dtype.itemsize,
                           memory.SAME_SIZE_INT[dtype.itemsize], rt.Shape(list(shape)))
-                         for j, shape, dtype in placed]
+                         for _, shape, dtype in placed]
         self._placed_at = frozenset(j for j, _, _ in placed)
         self.context = rt.VmContext(inst, [rt.create_hal_module(inst, device), module])
         if queue is not None:
@@ -125,7 +124,7 @@ class _Loaded:
         buffer view IREE writes the result into, zero-copy."""
         storage = []
         allocator = self.device.allocator
-        for _, shape, dtype, nbytes, bits, view_shape in self._storage:
+        for shape, dtype, nbytes, bits, view_shape in self._storage:
             t = pool.RESULTS.tensor(shape, dtype, nbytes)
             storage.append(t)
             buffer = allocator.import_host_allocation(t.view(bits).numpy(), _STORAGE_MEMORY, _STORAGE_USAGE)

@@ -34,8 +34,8 @@ def placeable(lowered: Lowered) -> tuple[int, ...]:
     for j, ((shape, _), dtype) in enumerate(zip(lowered.result_layouts, lowered.result_dtypes)):
         kind = getattr(torch, dtype, None)
         if (isinstance(kind, torch.dtype) and not kind.is_complex and kind.itemsize in memory.SAME_SIZE_INT
-                and all(isinstance(n, int) for n in shape)
-                and math.prod(shape) * kind.itemsize >= max(PLACED_MIN_BYTES, 1)):
+                and all(isinstance(n, int) for n in shape) and 0 not in shape
+                and math.prod(shape) * kind.itemsize >= PLACED_MIN_BYTES):
             found.append(j)
     return tuple(found)
 
