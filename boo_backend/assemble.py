@@ -159,6 +159,9 @@ class Assembly:
         if cut is not None and not blocks.repeats_pay(*cut):
             log.debug("boo %s: its blocks differ too much to share modules; not cut at them", self.name)
             labels, cut = {}, None
+            # Ordered by block, the graph would still be cut where a block ends: order it again
+            # by place alone (an MLP's bias-gradient sum otherwise runs as a part of its own).
+            schedule.cluster(graph, places)
         if set(places.values()) <= {"iree"} and not labels:
             try:
                 return self._compile_part(graph, target, dump, "module"), composites, aten, 0

@@ -159,6 +159,26 @@ def test_blocks_that_all_differ_are_not_cut(caplog):
     assert {p.kind for p in boo_backend.placements()} == {"forward", "backward"}
 
 
+def test_blocks_not_cut_leave_no_cuts_behind():
+    """An MLP's two Linear layers are blocks that do not repeat. Its graph, not cut at them,
+    is ordered by place alone: the backward's IREE work (both bias gradients' sums, GELU's
+    and layer norm's backward) is one part between the ATen matmuls, not three."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(72, 136), nn.LayerNorm(136), nn.GELU(), nn.Linear(136, 72))
+    x = torch.randn(37, 72)
+    eager = copy.deepcopy(model)
+    boo_backend.reset()
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend="boo", options={"aten_matmul": "always", "strict": True})
+    compiled(x).square().mean().backward()
+    eager(x).square().mean().backward()
+    for (name, p), q in zip(model.named_parameters(), eager.parameters()):
+        assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5, what=name)
+    backward = [p for p in boo_backend.placements() if p.kind == "backward"]
+    assert len(backward) == 1 and backward[0].aten > 0, [p.line() for p in backward]
+    assert len(backward[0].drivers) == 1, backward[0].drivers
+
+
 def _with_constant(value: float):
     gm = torch.fx.symbolic_trace(lambda x: x * torch.tensor([value, 2.0]))
     for node in gm.graph.nodes:
