@@ -122,24 +122,47 @@ def _value_text(val) -> str:
 # blocks all differ (T5's first layer computes the position bias; two layers of anything)
 # compiled 18 modules in 63 s where one took 39 s.
 REPEATED_SHARE = 0.2
+# ... and when its IREE parts write at least this many elements each, on average: each part
+# is an IREE call whose fixed cost (tens of microseconds in Python and the runtime) the saved
+# compile time does not pay back in a small model. The zoo's 2-layer GPT-2 (about 50,000
+# elements a part, cut) trained at 0.92x eager, uncut at 1.12x, on an AVX-512 Zen 4; GPT-2
+# small and the Llama of bench/scale.py write 2.5-17 million a part.
+MIN_PART_ELEMENTS = 1 << 20
+
+
+def _elements(node: fx.Node) -> int:
+    """Elements a node's results hold; for a symbolic size, at the sizes it was traced with
+    (its hint; nothing when it has none). Reading the hint adds no guard."""
+    val = node.meta.get("val")
+    total = 0
+    for v in val if isinstance(val, (tuple, list)) else [val]:
+        if isinstance(v, torch.Tensor):
+            n = v.numel()
+            if not isinstance(n, int):
+                n = getattr(getattr(n, "node", None), "hint", None)
+            total += n if isinstance(n, int) else 0
+    return total
 
 
 def repeats_pay(outer: fx.GraphModule, place_of_part: dict[str, str]) -> bool:
     """Whether the parts of a graph cut at its blocks (`split_islands`' result) repeat enough
-    to compile fewer ops than the whole graph holds (see REPEATED_SHARE)."""
+    to compile fewer ops than the whole graph holds (see REPEATED_SHARE), and each does
+    enough work to be worth a call of its own (MIN_PART_ELEMENTS)."""
     seen: set[str] = set()
-    total = repeated = 0
+    total = repeated = elements = parts = 0
     for sub, place in place_of_part.items():
         if place != "iree":
             continue
         part = getattr(outer, sub)
-        ops = sum(n.op == "call_function" for n in part.graph.nodes)
+        calls = [n for n in part.graph.nodes if n.op == "call_function"]
         key = structure_key(part)
-        total += ops
+        total += len(calls)
+        elements += sum(_elements(n) for n in calls)
+        parts += 1
         if key in seen:
-            repeated += ops
+            repeated += len(calls)
         seen.add(key)
-    return total > 0 and repeated >= REPEATED_SHARE * total
+    return total > 0 and repeated >= REPEATED_SHARE * total and elements >= MIN_PART_ELEMENTS * parts
 
 
 def structure_key(gm: fx.GraphModule) -> str:

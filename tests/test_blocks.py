@@ -18,6 +18,13 @@ from boo_backend import blocks
 from util import assert_close
 
 
+@pytest.fixture
+def small_blocks_cut(monkeypatch):
+    """The models here are small, and their parts too small to be worth a call each
+    (blocks.MIN_PART_ELEMENTS): cut them anyway, to test the cut itself."""
+    monkeypatch.setattr(blocks, "MIN_PART_ELEMENTS", 0)
+
+
 def _gpt2(layers: int):
     from transformers import GPT2Config, GPT2LMHeadModel
 
@@ -54,7 +61,7 @@ def _compiles(layers: int, caplog, cache_dir, **options) -> tuple[int, list[str]
     return boo_backend.stats().get("iree_compiles", 0), lines
 
 
-def test_deeper_model_compiles_no_more_modules(caplog, tmp_path):
+def test_deeper_model_compiles_no_more_modules(small_blocks_cut, caplog, tmp_path):
     """GPT-2 with 2 layers from an empty cache, then with 4 layers on the same cache: the
     deeper model needs no module that the shallower one did not compile (every op in IREE,
     strict), and each graph says how many distinct modules its blocks needed."""
@@ -108,7 +115,7 @@ def _run(model, x, grad):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_blocks_that_differ_are_not_shared(dtype, caplog):
+def test_blocks_that_differ_are_not_shared(small_blocks_cut, dtype, caplog):
     """Blocks that differ in a constant or a width get their own modules, and every result is
     as close to a float64 reference as eager's (within 3x eager's own error)."""
     torch.manual_seed(0)
@@ -159,6 +166,18 @@ def test_blocks_that_all_differ_are_not_cut(caplog):
     assert {p.kind for p in boo_backend.placements()} == {"forward", "backward"}
 
 
+def test_small_blocks_are_not_cut(caplog, tmp_path, monkeypatch):
+    """A 2-layer GPT-2 of width 64 on 2 x 19 tokens: its blocks repeat, but each part would
+    write far fewer elements than blocks.MIN_PART_ELEMENTS, so the graphs are not cut (an
+    IREE call costs more than the compile it saves); results stay eager's. With the bound
+    below its parts' size, the same model is cut."""
+    compiles, lines = _compiles(2, caplog, tmp_path / "small")
+    assert compiles > 0 and not lines, lines
+    monkeypatch.setattr(blocks, "MIN_PART_ELEMENTS", 20_000)
+    compiles, lines = _compiles(2, caplog, tmp_path / "lowered")
+    assert any("2 repeated blocks" in line for line in lines), lines
+
+
 def test_blocks_not_cut_leave_no_cuts_behind():
     """An MLP's two Linear layers are blocks that do not repeat. Its graph, not cut at them,
     is ordered by place alone: the backward's IREE work (both bias gradients' sums, GELU's
@@ -197,7 +216,7 @@ def test_structure_key_sees_constants_not_names():
     assert blocks.structure_key(a) != blocks.structure_key(c)
 
 
-def test_nested_compile_region_calls_are_blocks(caplog):
+def test_nested_compile_region_calls_are_blocks(small_blocks_cut, caplog):
     """Each call of a function marked with torch.compiler.nested_compile_region is a block:
     its calls share one module, forward and backward, and the results are eager's."""
 

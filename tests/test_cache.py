@@ -176,7 +176,9 @@ def test_split_graph_warm_start_and_misses(tmp_path, monkeypatch):
     placement and results. A changed model, dtype, flag or boo version is a miss."""
     import boo_backend.cache as cache_mod
     import boo_backend.assemble as graph_mod
+    from boo_backend import blocks
 
+    monkeypatch.setattr(blocks, "MIN_PART_ELEMENTS", 0)  # its blocks are small: cut them anyway
     monkeypatch.setenv("BOO_CACHE_DIR", str(tmp_path))
     real_lower, real_retrace = graph_mod.lower, graph_mod.retrace
     calls = {"lower": 0, "retrace": 0}
