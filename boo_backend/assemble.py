@@ -30,8 +30,8 @@ from .embed import mlir_op_name
 from .lower import Lowered, lower, unregistered_ops
 from .storage import placed_results, with_storage
 from .partition import (
-    Plan, compute_nodes, decomposition_table, fold_empty, fold_known_sizes, node_places, preparation_table,
-    retrace, retrace_symbolic, split_independent, split_islands, wrong_in_iree,
+    Plan, compute_nodes, decomposition_table, fold_empty, fold_known_sizes, moves_only, node_places,
+    preparation_table, retrace, retrace_symbolic, split_independent, split_islands, wrong_in_iree,
 )
 from .part import IreePart
 from .runtime import IreeFunction
@@ -175,6 +175,10 @@ class Assembly:
                 outer, place_of_part = split_independent(graph, parts)
         else:
             outer, place_of_part = cut or split_islands(graph, places, labels)
+        for sub, place in place_of_part.items():
+            if place == "iree" and moves_only(getattr(outer, sub)):  # torch moves it (MOVES_DATA)
+                place_of_part[sub] = "aten"
+                aten += len(compute_nodes(getattr(outer, sub)))
         # Parts that compute the same thing (the same layer, repeated) share one module; the
         # distinct ones are lowered first and compiled side by side.
         distinct: dict[str, tuple[str, Lowered]] = {}

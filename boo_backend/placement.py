@@ -21,7 +21,7 @@ class Placement:
     iree: int
     decomposed: int
     island: int
-    aten: int = 0  # left to ATen by choice: matmul kernels (BOO_ATEN_MATMUL) and their views
+    aten: int = 0  # left to ATen by choice: matmul kernels (BOO_ATEN_MATMUL), views, parts that only copy
     recovered: bool = False
     island_ops: tuple[str, ...] = ()
     # The composites used, by name, with counts: (("rms_norm", 2), ("softmax", 1)).
@@ -47,7 +47,7 @@ class Placement:
             f"{self.decomposed} decomposed at FX level, {self.island} in eager islands"
         )
         if self.aten:
-            text += f", {self.aten} left to ATen (matmul kernels and their views)"
+            text += f", {self.aten} left to ATen (matmul kernels, views and copies)"
         if self.island_ops:
             text += f" [{', '.join(self.island_ops)}]"
         if self.recovered:

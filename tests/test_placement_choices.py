@@ -323,6 +323,39 @@ def test_views_of_aten_matmul_operands_stay_views(monkeypatch, tmp_path):
         assert "torch.aten.permute" not in text and "torch.aten.t " not in text, path
 
 
+def _heads(x, w1, w2):
+    """A product's heads moved to the front and made dense (a copy and nothing else), then
+    a second product; the middle is a part that only moves data."""
+    y = (x @ w1).view(x.shape[0], 3, -1).transpose(0, 1).contiguous()
+    return (y.view(-1, y.shape[-1]) @ w2).tanh().sum(0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_part_that_only_moves_data_runs_in_torch(monkeypatch, tmp_path, dtype):
+    """Between two ATen matmuls, a transpose made dense is a copy in torch, not an IREE call
+    (partition.moves_only): the graph has one IREE part (the tanh and the sum), forward and
+    backward results are eager's, and strict mode passes (nothing is an island)."""
+    monkeypatch.setenv("BOO_ATEN_MATMUL", "1")
+    _fresh_cache(monkeypatch, tmp_path)
+    torch.manual_seed(0)
+    x = torch.randn(37, 40, dtype=dtype)
+    w1 = (0.2 * torch.randn(40, 3 * 67, dtype=dtype)).requires_grad_()
+    w2 = (0.1 * torch.randn(67, 29, dtype=dtype)).requires_grad_()
+    out = torch.compile(_heads, backend="boo", options={"strict": True})(x, w1, w2)
+    out.sum().backward()
+    grads = [w1.grad.clone(), w2.grad.clone()]
+    w1.grad = w2.grad = None
+    expected = _heads(x, w1, w2)
+    expected.sum().backward()
+    rel = 1e-4 if dtype == torch.float32 else 2e-2
+    close_to_scale(out, expected, "out", rel)
+    close_to_scale(grads[0], w1.grad, "w1.grad", rel)
+    close_to_scale(grads[1], w2.grad, "w2.grad", rel)
+    (forward,) = [p for p in boo_backend.placements() if p.kind == "forward"]
+    assert len(forward.drivers) == 1 and forward.aten >= 4, forward.line()
+    assert all(p.island == 0 for p in boo_backend.placements())
+
+
 class _Residual(nn.Module):
     """x + W x, through a view ([B, T, D] -> [B*T, D] for the matmul) and directly, and one
     matmul whose product is read twice (not folded)."""
