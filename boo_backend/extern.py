@@ -53,6 +53,8 @@ _CALLS_PER_SPLIT = 2
 # is timed once more, each side keeping its fastest typical time: on a 2-core VM one timing
 # of an MLP's 256x512x1024 addmm gave ATen 3.0 ms (1.6-1.9 ms in every other timing and in
 # the step) against IREE's 2.7 ms, and kept the matmul in an IREE part that took 3 ms of it.
+# Calls past _LONG_S are not timed again: one such call's noise is a few percent, and timing
+# GPT-2 small's matmuls again added 1-2 s to its cold compile.
 _CLOSE = 0.15
 # Timing: ATen and IREE in turns until this many seconds or calls each, keeping each one's
 # median (_typical_times; the call floor keeps the minimum, _min_time). (0.2 s and 20 calls
@@ -417,7 +419,8 @@ def choose(graph: fx.GraphModule, mode: str, target: Target, cache: CompileCache
         split = _CALLS_PER_SPLIT * timings.floor()
         try:
             t = timings.of(node)
-            if abs(_MARGIN * t["iree_s"] - t["aten_s"] - split) < _CLOSE * t["aten_s"] and not t.get("rechecked"):
+            if (abs(_MARGIN * t["iree_s"] - t["aten_s"] - split) < _CLOSE * t["aten_s"] and t["aten_s"] < _LONG_S
+                    and not t.get("rechecked")):
                 t = timings.again(node, t)
         except Exception as e:  # a shape IREE cannot compile alone: no evidence for ATen
             log.debug("boo: timing %s failed (%s); it stays in IREE", node.target, e)
