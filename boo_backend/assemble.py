@@ -39,6 +39,17 @@ from .runtime import IreeFunction
 log = logging.getLogger("boo_backend")
 
 
+def _to_torch(outer: fx.GraphModule, place_of_part: dict[str, str]) -> int:
+    """Place each IREE part that only moves data (partition.moves_only) in torch, in
+    `place_of_part`; returns how many ops moved."""
+    moved = 0
+    for sub, place in place_of_part.items():
+        if place == "iree" and moves_only(getattr(outer, sub)):
+            place_of_part[sub] = "aten"
+            moved += len(compute_nodes(getattr(outer, sub)))
+    return moved
+
+
 def _output_metas(gm: fx.GraphModule, shapes: bool = True) -> list:
     out = next(n for n in gm.graph.nodes if n.op == "output").args[0]
     vals = [a.meta.get("val") if isinstance(a, fx.Node) else a for a in (out if isinstance(out, (tuple, list)) else [out])]
@@ -156,6 +167,7 @@ class Assembly:
         labels = blocks.group_blocks(graph) if self.opts.blocks else {}
         schedule.cluster(graph, places, labels)
         cut = split_islands(graph, places, labels) if labels else None
+        moved = _to_torch(*cut) if cut is not None else 0  # before repeats_pay, which counts IREE parts
         if cut is not None and not blocks.repeats_pay(*cut):
             log.debug("boo %s: its blocks differ too much to share modules; not cut at them", self.name)
             labels, cut = {}, None
@@ -175,10 +187,7 @@ class Assembly:
                 outer, place_of_part = split_independent(graph, parts)
         else:
             outer, place_of_part = cut or split_islands(graph, places, labels)
-        for sub, place in place_of_part.items():
-            if place == "iree" and moves_only(getattr(outer, sub)):  # torch moves it (MOVES_DATA)
-                place_of_part[sub] = "aten"
-                aten += len(compute_nodes(getattr(outer, sub)))
+        aten += moved if cut is not None else _to_torch(outer, place_of_part)
         # Parts that compute the same thing (the same layer, repeated) share one module; the
         # distinct ones are lowered first and compiled side by side.
         distinct: dict[str, tuple[str, Lowered]] = {}

@@ -14,6 +14,7 @@ A leaf: imports only embed (for the composite meta key).
 from __future__ import annotations
 
 import hashlib
+import operator
 import re
 
 import torch
@@ -122,7 +123,8 @@ def _value_text(val) -> str:
 # blocks all differ (T5's first layer computes the position bias; two layers of anything)
 # compiled 18 modules in 63 s where one took 39 s.
 REPEATED_SHARE = 0.2
-# ... and when its IREE parts write at least this many elements each, on average: each part
+# ... and when its IREE parts write at least this many elements each, on average (the
+# elements their ops' results hold, views included; a getitem's are its op's): each part
 # is an IREE call whose fixed cost (tens of microseconds in Python and the runtime) the saved
 # compile time does not pay back in a small model. The zoo's 2-layer GPT-2 (about 50,000
 # elements a part, cut) trained at 0.92x eager, uncut at 1.12x, on an AVX-512 Zen 4; GPT-2
@@ -157,7 +159,7 @@ def repeats_pay(outer: fx.GraphModule, place_of_part: dict[str, str]) -> bool:
         calls = [n for n in part.graph.nodes if n.op == "call_function"]
         key = structure_key(part)
         total += len(calls)
-        elements += sum(_elements(n) for n in calls)
+        elements += sum(_elements(n) for n in calls if n.target is not operator.getitem)
         parts += 1
         if key in seen:
             repeated += len(calls)

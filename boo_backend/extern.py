@@ -161,8 +161,9 @@ def _sync(device: torch.device) -> None:
 
 def _timed_rounds(fns: list, device: torch.device, scale: int = 1, rounds: int = _MAX_CALLS,
                   optional: int = 0) -> list[list[float]]:
-    """The times of repeated calls of each of `fns`, called in turns, until _BUDGET_S seconds
-    each or `rounds` rounds (at least 3 rounds, or 1 for calls past _LONG_S); `scale`
+    """The times of repeated calls of each of `fns`, called in turns, until the calls have
+    taken _BUDGET_S seconds for each of `fns` called (ATen's calls counted every time) or
+    `rounds` rounds (at least 3 rounds, or 1 for calls past _LONG_S); `scale`
     (max-autotune) measures that many times longer. A round calls `fns[0]` (ATen's kernel)
     before each of the others, so that each IREE driver meets the machine as ATen leaves it,
     as in a graph cut between them: torch's OpenMP threads spin for a while after a parallel
@@ -325,7 +326,8 @@ class Timings:
         return result
 
     def again(self, node: fx.Node, known: dict) -> dict:
-        """`known` (of's result for `node`) measured once more and kept as settled."""
+        """`known` (of's result for `node`) measured once more, each side keeping its faster
+        time, and marked so that later compiles do not time it again."""
         result = self._measure(node, known) | {"rechecked": True}
         self.cache.stats["extern_timings"] += 1
         self.cache.put_json(self._key(node), result)
@@ -354,15 +356,16 @@ class Timings:
         tensors = arguments(lowered.inputs, iree_args)
         count = len(lowered.result_layouts)
         fns = [lambda: node.target(*args, **kwargs), *(functools.partial(f, tensors, count) for f in functions)]
-        chosen = {}
+        # The driver of the fastest IREE time kept, this measurement's or `earlier`'s.
+        best = [(earlier["iree_s"], earlier["driver"])] if earlier and "driver" in earlier else []
 
         def measure() -> dict:
             aten_s, *iree = _typical_times(fns, device, scale, optional=len(drivers) - 1)
-            iree_s, chosen["driver"] = min((s, d) for s, d in zip(iree, drivers) if s is not None)
-            return {"aten_s": aten_s, "iree_s": iree_s}
+            best.append(min((s, d) for s, d in zip(iree, drivers) if s is not None))
+            return {"aten_s": aten_s, "iree_s": best[-1][0]}
 
         result = _fastest(measure, earlier)
-        result["driver"] = chosen["driver"]
+        result["driver"] = min(best)[1]
         return result
 
     def floor(self) -> float:
@@ -416,15 +419,18 @@ def choose(graph: fx.GraphModule, mode: str, target: Target, cache: CompileCache
     timed = [n for n in candidates if _weighed(n, opts)]
     timings.prepare(timed)
     for node in timed:
-        split = _CALLS_PER_SPLIT * timings.floor()
         try:
             t = timings.of(node)
-            if (abs(_MARGIN * t["iree_s"] - t["aten_s"] - split) < _CLOSE * t["aten_s"] and t["aten_s"] < _LONG_S
-                    and not t.get("rechecked")):
-                t = timings.again(node, t)
         except Exception as e:  # a shape IREE cannot compile alone: no evidence for ATen
             log.debug("boo: timing %s failed (%s); it stays in IREE", node.target, e)
             continue
+        split = _CALLS_PER_SPLIT * timings.floor()
+        if (abs(_MARGIN * t["iree_s"] - t["aten_s"] - split) < _CLOSE * t["aten_s"] and t["aten_s"] < _LONG_S
+                and not t.get("rechecked")):
+            try:
+                t = timings.again(node, t)
+            except Exception as e:  # the first timing stands
+                log.debug("boo: timing %s again failed (%s)", node.target, e)
         saving = _MARGIN * t["iree_s"] - t["aten_s"]
         if saving > split:
             chosen[node] = saving

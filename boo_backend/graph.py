@@ -221,8 +221,11 @@ class CompiledGraph(Assembly):
         names = [mlir_op_name(n.target) for n in ops]
         # Islands are counted in the graph as run (an op may be islanded after decomposing).
         island = min(island, len(ops))
+        # The prepared graph's ATen ops (matmuls, views, parts that only copy) against the ops
+        # of the graph Dynamo gave: decompositions and fusions change the count.
+        aten = min(aten, len(ops) - island)
         decomposed = sum(n in plan.decompose and n not in plan.island for n in names)
-        decomposed = min(decomposed, len(ops) - island - aten)
+        decomposed = max(0, min(decomposed, len(ops) - island - aten))
         placement = Placement(
             name, self.kind, len(ops), len(ops) - island - decomposed - aten, decomposed, island,
             aten, island_ops=tuple(sorted(plan.island)),

@@ -148,7 +148,7 @@ class _Widening(nn.Module):
         return x.sum(-1)
 
 
-def test_blocks_that_all_differ_are_not_cut(caplog):
+def test_blocks_that_all_differ_are_not_cut(small_blocks_cut, caplog):
     """A graph whose blocks share nothing is compiled whole: each module costs iree-compile
     a fixed second or two, and cutting would buy no reuse (blocks.repeats_pay)."""
     torch.manual_seed(0)

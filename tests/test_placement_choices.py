@@ -491,6 +491,39 @@ def test_a_timing_taken_under_load_is_taken_again_and_keeps_the_fastest(monkeypa
     assert timings().of(node) == t
 
 
+def test_timing_again_keeps_each_sides_fastest_once(monkeypatch, tmp_path):
+    """Timings.again measures once more and keeps each side's faster time, with the driver
+    of the IREE time kept; the entry is marked and cached, and a later compile times nothing
+    (next() on the injected times would raise). The times are injected; the one-op module is
+    compiled and run for real."""
+    from boo_backend import hostload
+    from boo_backend.cache import CompileCache
+    from boo_backend.compile import parse_target
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    class Quiet:
+        def __enter__(self):
+            self.others, self.quiet = 0.0, True
+            return self
+
+        def __exit__(self, *exc):
+            pass
+
+    graph = make_fx(torch.mm)(torch.randn(48, 96), torch.randn(96, 80))
+    node = next(n for n in graph.graph.nodes if n.target is torch.ops.aten.mm.default)
+    times = iter([(3.0e-3, 2.7e-3), (1.7e-3, 2.9e-3)])
+    monkeypatch.setattr(hostload, "Window", Quiet)
+    monkeypatch.setattr(extern, "_typical_times", lambda fns, device, scale=1, optional=0: [f() for f in fns] and next(times))
+    cache = CompileCache(tmp_path / "cache")
+    timings = lambda: extern.Timings(cache, parse_target("llvm-cpu"), Options.resolve({}))
+    first = timings().of(node)
+    assert (first["aten_s"], first["iree_s"]) == (3.0e-3, 2.7e-3) and not first.get("rechecked")
+    second = timings().again(node, first)
+    assert (second["aten_s"], second["iree_s"], second["rechecked"]) == (1.7e-3, 2.7e-3, True)
+    assert second["driver"] == first["driver"] and second["samples"] == 2
+    assert timings().of(node) == second
+
+
 def _node(fn, *examples):
     from torch.fx.experimental.proxy_tensor import make_fx
 
