@@ -322,24 +322,18 @@ def wrong_in_iree(node: fx.Node) -> bool:
     return True
 
 
-# Ops that only move data: views and copies in another layout. A part of a split graph made
-# of nothing else runs in torch (moves_only): an IREE call for it costs its fixed overhead
-# and a copy on one core, where torch's views are free and its copies take two threads (a
-# transformer layer's query/key/value heads made dense for ATen's attention kernel:
-# 8x128x256 floats, 0.6 ms a step as an IREE part).
-MOVES_DATA = frozenset({
-    torch.ops.aten.view, torch.ops.aten._unsafe_view, torch.ops.aten.reshape, torch.ops.aten.permute,
-    torch.ops.aten.transpose, torch.ops.aten.t, torch.ops.aten.expand, torch.ops.aten.unsqueeze,
-    torch.ops.aten.squeeze, torch.ops.aten.slice, torch.ops.aten.select, torch.ops.aten.clone,
-    torch.ops.aten.alias, torch.ops.aten.detach, torch.ops.aten.split, torch.ops.aten.split_with_sizes,
-    torch.ops.aten.unbind,
-})
+# Copies that only change a layout. With the views (an op's `is_view`), they are all a part
+# that only moves data holds; such a part of a split graph runs in torch (moves_only): an
+# IREE call for it costs its fixed overhead and a copy on one core, where torch's views are
+# free and its copies take two threads (a transformer layer's query/key/value heads made
+# dense for ATen's attention kernel: 8x128x256 floats, 0.6 ms a step as an IREE part).
+_COPIES = frozenset({aten.clone.default, aten._unsafe_view.default})
 
 
 def moves_only(gm: fx.GraphModule) -> bool:
-    """Whether a part computes nothing: at least one op, each in MOVES_DATA."""
+    """Whether a part computes nothing: at least one op, each a view or one of _COPIES."""
     ops = compute_nodes(gm)
-    return bool(ops) and all(n.target.overloadpacket in MOVES_DATA for n in ops)
+    return bool(ops) and all(n.target.is_view or n.target in _COPIES for n in ops)
 
 
 # Ops that may run as ATen kernels by choice (BOO_ATEN_MATMUL; see extern.py), the way
