@@ -34,9 +34,20 @@ from .partition import (
     preparation_table, retrace, retrace_symbolic, split_independent, split_islands, wrong_in_iree,
 )
 from .part import IreePart
-from .runtime import IreeFunction
+from .runtime import ATEN, IreeFunction
 
 log = logging.getLogger("boo_backend")
+
+# A tensor argument of `main` with a dynamic dimension, in torch dialect text.
+_DYNAMIC_ARGUMENT = re.compile(r"!torch\.vtensor<\[[^\]]*\?")
+
+
+def _aten_runner(core: fx.GraphModule):
+    """The IREE arguments of a part to its results, computed by its graph in ATen."""
+    def run(passed):
+        with torch.no_grad():
+            return core(*passed)
+    return run
 
 
 def _to_torch(outer: fx.GraphModule, place_of_part: dict[str, str]) -> int:
@@ -246,6 +257,14 @@ class Assembly:
             write_atomic(dump / f"{part}.vmfb", vmfb)
         return IreePart(lowered, self._function(vmfb, lowered, target, f"{self.name}/{part}", part))
 
+    def _offers_aten(self, lowered: Lowered, target: Target) -> bool:
+        """Whether the part may run in ATen when that measures faster (runtime.ATEN): a CPU
+        part of static shapes, its graph at hand, outside strict mode (which proves that IREE
+        ran) and with matmuls placed by measurement (BOO_ATEN_MATMUL=auto)."""
+        return (target.is_cpu and not self.opts.strict and self.opts.aten_matmul == "auto"
+                and (lowered.core is not None or lowered.graph_blob is not None)
+                and not any(_DYNAMIC_ARGUMENT.search(line) for line in lowered.mlir.splitlines() if "@main(" in line))
+
     def _function(self, vmfb: bytes, lowered: Lowered, target: Target, name: str, part: str) -> IreeFunction:
         """The loaded module, on the CPU driver BOO_CPU_DRIVER names, or the one an earlier
         process measured as faster for this module on this host, or one it will measure. With
@@ -253,13 +272,17 @@ class Assembly:
         if self.opts.compile_only:
             return _NotLoaded()
         drivers = self._drivers
-        driver, remember = None, None
+        driver, remember, aten = None, None, None
         if target.is_cpu and self.opts.cpu_driver != "auto":
             driver = self.opts.cpu_driver
         elif len(target.drivers) > 1:
-            key = self.cache.key("driver", lowered.mlir, target.name, *(["autotune"] if self.opts.autotune else []))
+            offered = self._offers_aten(lowered, target)
+            key = self.cache.key("driver", lowered.mlir, target.name, *(["autotune"] if self.opts.autotune else []),
+                                 *([ATEN] if offered else []))
             known = self.cache.get_json(key)
-            if known and known.get("driver") in target.drivers:
+            if offered and (not known or known.get("driver") == ATEN):
+                aten = _aten_runner(lowered.graph())
+            if known and (known.get("driver") in target.drivers or (known.get("driver") == ATEN and aten)):
                 driver = known["driver"]
             else:
                 def store(chosen: str) -> None:
@@ -279,7 +302,7 @@ class Assembly:
                                     placed=placed_results(lowered),
                                     driver=driver, remember=remember, sync=self.opts.sync,
                                     measure_scale=self.opts.measure_scale, checked=checked,
-                                    remember_writes=store_writes)
+                                    remember_writes=store_writes, aten=aten)
         if function.driver:
             drivers[part] = function.driver
         return function

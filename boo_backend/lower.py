@@ -13,6 +13,8 @@ from __future__ import annotations
 import dataclasses
 import functools
 import io
+import logging
+import pickle
 import re
 
 import sympy
@@ -22,6 +24,8 @@ import torch.fx as fx
 from . import symbolic
 from .config import BooError
 from .embed import embed
+
+log = logging.getLogger("boo_backend")
 
 
 @dataclasses.dataclass
@@ -57,22 +61,42 @@ class Lowered:
     # IREE results written into storage the caller passes (storage.with_storage), in the order of
     # the extra arguments that follow `inputs`; the module returns the others.
     placed: tuple[int, ...] = ()
+    # The core pickled, as the compile cache keeps it: `graph()` unpickles it on first use.
+    graph_blob: bytes | None = None
 
     _FIELDS = ("mlir", "inputs", "outputs", "result_layouts", "tuple_output", "kernels", "writes",
                "result_dtypes", "symbols", "placed")
 
     def to_bytes(self, extra: dict) -> bytes:
-        """Everything but the FX graph, for the compile cache (torch.save, loadable with
-        weights_only=True); `extra` rides along."""
+        """For the compile cache (torch.save, loadable with weights_only=True): the fields,
+        `extra`, and the core pickled (torch.fx's pickling, its generated code), which a warm
+        start unpickles only for a part that runs in ATen (runtime: the "aten" driver)."""
         buf = io.BytesIO()
-        torch.save({**{f: getattr(self, f) for f in self._FIELDS}, "extra": extra}, buf)
+        torch.save({**{f: getattr(self, f) for f in self._FIELDS}, "graph": self._pickled(), "extra": extra}, buf)
         return buf.getvalue()
+
+    def _pickled(self) -> bytes | None:
+        if self.core is None:
+            return self.graph_blob
+        try:
+            return pickle.dumps(self.core, protocol=pickle.HIGHEST_PROTOCOL)
+        except Exception as e:  # a constant fx cannot pickle: the part then stays in IREE
+            log.debug("boo: a core graph does not pickle (%s); it cannot run in ATen on a warm start", e)
+            return None
 
     @classmethod
     def from_bytes(cls, blob: bytes) -> tuple["Lowered", dict]:
         data = torch.load(io.BytesIO(blob), weights_only=True)
         fields = {f: data[f] for f in cls._FIELDS if f in data}
-        return cls(core=None, **fields), data["extra"]
+        return cls(core=None, graph_blob=data.get("graph"), **fields), data["extra"]
+
+    def graph(self) -> fx.GraphModule | None:
+        """The core graph: the one built here, or the compile cache's copy (None if it kept
+        none). The cache directory is private to its user and already holds the native code
+        boo runs (cache.py), so unpickling its entries trusts nothing new."""
+        if self.core is None and self.graph_blob:
+            self.core = pickle.loads(self.graph_blob)
+        return self.core
 
 
 def _is_tensor_value(node: fx.Node) -> bool:

@@ -27,7 +27,8 @@ class Placement:
     # The composites used, by name, with counts: (("rms_norm", 2), ("softmax", 1)).
     composite_names: tuple[tuple[str, int], ...] = ()
     # The runtime driver of each IREE module ("module", or "submod_N" of a split graph),
-    # filled in when known: a CPU module measures its choice on its first calls.
+    # filled in when known: a CPU module measures its choice on its first calls. "aten": the
+    # part's own graph runs in ATen, measured faster than IREE (runtime.ATEN).
     drivers: dict[str, str] = dataclasses.field(default_factory=dict)
     # Compiled once with dynamic dimensions for every size Dynamo's guards admit.
     dynamic: bool = False
@@ -57,5 +58,8 @@ class Placement:
         if self.compile_only:
             text += f"; compiled for {self.compile_only} only, ran in eager PyTorch"
         if self.drivers:
-            text += f"; runs on {', '.join(sorted(set(self.drivers.values())))}"
+            iree = sorted(set(self.drivers.values()) - {"aten"})
+            on_aten = sum(d == "aten" for d in self.drivers.values())
+            text += "; runs on " + ", ".join(
+                iree + ([f"ATen for {on_aten} part{'s' if on_aten > 1 else ''} (measured faster)"] if on_aten else []))
         return text

@@ -151,9 +151,17 @@ _STORAGE_USAGE = int(rt.BufferUsage.DEFAULT) | int(rt.BufferUsage.MAPPING)
 # (one stalled sample must not send a large graph to a single core). A first call slower
 # than _MEASURE_LIMIT seconds skips all this and keeps local-task: such a graph does enough
 # work to gain from two cores, and measuring would cost seconds.
+#
+# A static CPU part may also offer ATen as a driver (ATEN, `aten` in IreeFunction): its own
+# graph, op by op, on torch's threads. It is timed like the others and wins only the same way.
+# At small sizes on 2 cores, a part on one IREE core lost to ATen's two threads: layer norm
+# and GELU on 256x1024 took 0.29 ms in IREE against ATen's 0.16 ms. Run in ATen, the MLP step of
+# bench/steps.py went from 0.84x eager to 0.89x (bench/RESULTS.md, sixteenth session). At the
+# Llama's size IREE's parts took 71 ms a step, where ATen would take 220 ms.
 _ROUNDS = 3
 _IN_USE = {"local-task": 1.25}
 _MEASURE_LIMIT = 0.1
+ATEN = "aten"
 
 
 class IreeFunction:
@@ -180,8 +188,9 @@ class IreeFunction:
     def __init__(self, vmfb: bytes, target: Target, name: str = "main", graph: str = "?",
                  writes: frozenset[int] = frozenset(), driver: str | None = None,
                  remember=None, sync: bool = False, measure_scale: int = 1,
-                 checked: frozenset[int] | None = None, remember_writes=None, placed=()):
+                 checked: frozenset[int] | None = None, remember_writes=None, placed=(), aten=None):
         self.target = target
+        self._aten = aten
         self.placed = tuple(placed)
         self.measure_scale = measure_scale
         self.graph = graph
@@ -196,14 +205,16 @@ class IreeFunction:
         self._lock = threading.Lock()
         self._remember = remember
         self._gpu = not target.is_cpu
-        choices = target.drivers
+        choices = self.drivers = (*target.drivers, *([ATEN] if aten is not None else []))
         if driver is not None and driver not in choices:
             raise BooRuntimeError(f"boo: driver {driver!r} cannot run {target.name} modules; use one of {choices}")
         self.driver = driver if driver is not None or len(choices) > 1 else choices[0]
         if not self._gpu:  # a GPU module is loaded on its first call's device (_on_gpu)
             self._use(self.driver or target.driver)
 
-    def _load(self, driver: str) -> _Loaded:
+    def _load(self, driver: str) -> "_Loaded | _OnAten":
+        if driver == ATEN:
+            return self._loaded.setdefault(ATEN, _OnAten(self._aten))
         if driver not in self._loaded:
             device = _cpu_device(driver)
             # A fenced CPU target (tests) runs the GPU calling convention on the CPU.
@@ -288,12 +299,12 @@ class IreeFunction:
         passed = [_importable(t, copy=True) for t in passed]
         times: dict[str, float] = {}
         with self._lock:
-            for driver in self.target.drivers:
+            for driver in self.drivers:
                 loaded = self._load(driver)
                 self._timed_invoke(loaded, passed, num_results)  # warm-up
             for _ in range(2):
                 for _ in range(_ROUNDS * self.measure_scale):
-                    for driver in self.target.drivers:
+                    for driver in self.drivers:
                         t = self._timed_invoke(self._loaded[driver], passed, num_results)
                         times[driver] = min(times.get(driver, t), t)
                 best = min(times, key=lambda d: times[d] * _IN_USE.get(d, 1.0))
@@ -333,11 +344,35 @@ class IreeFunction:
         home = _elsewhere(tensors, self._gpu)
         if home is not None:
             out = [r.to(home) for r in out]
-        elif len(self.placed) == num_results:
+        elif len(self.placed) == num_results and not isinstance(loaded, _OnAten):
             return out  # each result lies in storage this call took: fresh, and apart
         # Only memory the caller still reads matters: a copy made for this call (an argument
         # IREE writes into) and a donated tensor are no one else's, so a result there is fresh.
         return memory.unalias(out, [s for s in spans if passed[s[2]] is tensors[s[2]] and s[2] not in donated])
+
+
+class _OnAten:
+    """The "aten" driver: the part's own graph (`run`: the IREE arguments to its results), op
+    by op in ATen. Its results are made dense, as IREE's are; IreeFunction._invoke then copies
+    any that alias an argument or each other."""
+
+    pooled = False
+
+    def __init__(self, run):
+        self._run = run
+
+    def run(self, passed: list, num_results: int, sync: bool, spans=None) -> list[torch.Tensor]:
+        out = self._run(passed)
+        out = list(out) if isinstance(out, (tuple, list)) else [out]
+        storages: set[int] = set()
+        for i, r in enumerate(out):
+            if not r.is_contiguous():
+                r = r.contiguous()
+            if r.numel() and r.untyped_storage().data_ptr() in storages:  # two views of one tensor
+                r = r.clone()
+            storages.add(r.untyped_storage().data_ptr())
+            out[i] = r
+        return out
 
 
 def _labelled(graph: str):

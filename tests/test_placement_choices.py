@@ -648,3 +648,90 @@ def test_each_iree_driver_is_timed_right_after_aten():
     timed = order[3:]  # after the warm-up calls
     assert len(timed) >= 12 and timed == ["aten", "local-sync", "aten", "local-task"] * (len(timed) // 4)
     assert len(times[0]) == len(times[1]) + len(times[2]) and len(times[1]) == len(times[2])
+
+
+def _aten_measured_faster(monkeypatch):
+    """Timings in which ATen running a part's own graph wins over every IREE driver. Returns
+    the list of drivers each later call of a part ran on."""
+    from boo_backend import runtime
+
+    original = IreeFunction._timed_invoke
+
+    def timed(self, loaded, passed, num_results):
+        original(self, loaded, passed, num_results)
+        return 1e-5 if isinstance(loaded, runtime._OnAten) else 1e-3
+
+    monkeypatch.setattr(IreeFunction, "_timed_invoke", timed)
+    ran = []
+    invoke = IreeFunction._invoke
+
+    def invoked(self, *args, **kwargs):
+        ran.append(runtime.ATEN if isinstance(self._current, runtime._OnAten) else "iree")
+        return invoke(self, *args, **kwargs)
+
+    monkeypatch.setattr(IreeFunction, "_invoke", invoked)
+    return ran
+
+
+def test_a_part_measured_faster_in_aten_runs_there_cold_and_warm(monkeypatch, tmp_path):
+    """Outside strict mode, a static CPU part whose own graph runs faster in ATen than in IREE
+    runs in ATen (runtime.ATEN), with eager's results; the choice and the graph it needs are
+    kept in the compile cache, so a warm start runs it in ATen too."""
+    monkeypatch.delenv("BOO_STRICT")
+    ran = _aten_measured_faster(monkeypatch)
+    _fresh_cache(monkeypatch, tmp_path)
+    x, w = _inputs()
+    before = (x.clone(), w.clone())
+    compiled = torch.compile(_gelu_scale, backend="boo")
+    assert_close(compiled(x, w), _gelu_scale(x, w))
+    (placement,) = boo_backend.placements()
+    assert placement.drivers == {"module": "aten"}, placement.line()
+    assert placement.line().endswith("runs on ATen for 1 part (measured faster)"), placement.line()
+    ran.clear()
+    x2 = torch.randn(16, 32)
+    assert_close(compiled(x2, w), _gelu_scale(x2, w))
+    assert ran == ["aten"]
+    assert torch.equal(x, before[0]) and torch.equal(w, before[1])
+    # Warm: the lowering and the choice come from the disk cache, the graph unpickled.
+    torch._dynamo.reset()
+    boo_backend.reset()
+    ran.clear()
+    chosen = _calls_of(monkeypatch, "_choose")
+    assert_close(torch.compile(_gelu_scale, backend="boo")(x2, w), _gelu_scale(x2, w))
+    assert chosen == [] and ran == ["aten"], (chosen, ran)
+    assert boo_backend.placements()[0].drivers == {"module": "aten"}
+
+
+def test_strict_mode_and_dynamic_parts_never_run_in_aten(monkeypatch, tmp_path):
+    """Strict mode proves that IREE ran; a part of dynamic shapes would be measured at one size
+    only. Neither is offered ATen, however the timings go."""
+    ran = _aten_measured_faster(monkeypatch)
+    _fresh_cache(monkeypatch, tmp_path / "strict")
+    x, w = _inputs()
+    assert_close(torch.compile(_gelu_scale, backend="boo")(x, w), _gelu_scale(x, w))
+    assert boo_backend.placements()[0].drivers["module"] in ("local-sync", "local-task")
+    monkeypatch.delenv("BOO_STRICT")
+    _fresh_cache(monkeypatch, tmp_path / "dynamic")
+    torch._dynamo.reset()
+    compiled = torch.compile(_gelu_scale, backend="boo", dynamic=True)
+    for n in (16, 37):
+        xn = torch.randn(n, 32)
+        assert_close(compiled(xn, w), _gelu_scale(xn, w))
+    assert all(p.dynamic for p in boo_backend.placements()), [p.line() for p in boo_backend.placements()]
+    assert "aten" not in ran and all("ATen for" not in p.line() for p in boo_backend.placements())
+
+
+def test_aten_driver_results_are_dense_and_apart():
+    """The "aten" driver hands back what IREE would: dense results, none sharing memory with
+    another (IreeFunction._invoke then copies any that alias an argument)."""
+    from boo_backend.runtime import _OnAten
+
+    base = torch.arange(24.0).reshape(4, 6)
+
+    def graph(passed):
+        return base.t(), base[0:2], base[2:4], passed[0]
+
+    out = _OnAten(graph).run([torch.ones(3)], 4, False)
+    assert all(r.is_contiguous() for r in out)
+    assert len({r.untyped_storage().data_ptr() for r in out}) == 4
+    assert torch.equal(out[0], base.t()) and torch.equal(out[1], base[0:2]) and torch.equal(out[2], base[2:4])
