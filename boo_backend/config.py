@@ -13,7 +13,7 @@ Every control has one environment variable and one options key of the same meani
 | BOO_CACHE_DIR        | cache_dir           | where the on-disk compile cache lives                |
 | BOO_TARGET           | target              | IREE target: llvm-cpu, cuda:sm_80, rocm:gfx942, ...  |
 | BOO_ATEN_MATMUL      | aten_matmul         | auto (measured), 1 (ATen) or 0 (IREE) for matmuls    |
-| BOO_CPU_DRIVER       | cpu_driver          | auto (measured; may pick ATen), local-task, local-sync |
+| BOO_CPU_DRIVER       | cpu_driver          | auto (measured, ATen too), local-task, local-sync    |
 | BOO_PARTITIONER      | partitioner         | AOTAutograd's split: "mincut" (default) or "default" |
 | BOO_COMPILE_TIMEOUT  | compile_timeout     | seconds one iree-compile may take (0: no limit)      |
 | BOO_DYNAMIC          | dynamic             | "0": compile symbolic graphs per concrete shape      |
