@@ -261,7 +261,7 @@ class Assembly:
         """Whether the part may run in ATen when that measures faster (runtime.ATEN): a CPU
         part of static shapes, its graph at hand, outside strict mode (which proves that IREE
         ran) and with matmuls placed by measurement (BOO_ATEN_MATMUL=auto)."""
-        return (target.is_cpu and not self.opts.strict and self.opts.aten_matmul == "auto"
+        return (target.is_cpu and not target.fenced and not self.opts.strict and self.opts.aten_matmul == "auto"
                 and (lowered.core is not None or lowered.graph_blob is not None)
                 and not any(_DYNAMIC_ARGUMENT.search(line) for line in lowered.mlir.splitlines() if "@main(" in line))
 

@@ -299,6 +299,8 @@ class IreeFunction:
         passed = [_importable(t, copy=True) for t in passed]
         times: dict[str, float] = {}
         with self._lock:
+            if ATEN in self.drivers and not self._aten_agrees(passed, num_results):
+                self.drivers = tuple(d for d in self.drivers if d != ATEN)
             for driver in self.drivers:
                 loaded = self._load(driver)
                 self._timed_invoke(loaded, passed, num_results)  # warm-up
@@ -311,6 +313,21 @@ class IreeFunction:
                 if best == default:
                     break
         self._decide(best, ", ".join(f"{d} {t * 1e6:.0f} us" for d, t in times.items()))
+
+    def _aten_agrees(self, passed: list, num_results: int) -> bool:
+        """Whether the part's graph in ATen gives what IREE gives on these arguments: as many
+        results, of the same shapes and dtypes, and close values (a part that draws random
+        numbers differs, and stays in IREE). Else, or if ATen fails, it is not offered."""
+        try:
+            ours = self._load(self.target.driver).run(passed, num_results, self.sync)
+            theirs = self._load(ATEN).run(passed, num_results, self.sync)
+            agree = len(ours) == len(theirs) and all(_close(a, b) for a, b in zip(ours, theirs))
+        except Exception as e:
+            log.debug("boo %s: its graph fails in ATen (%s); it stays in IREE", self.graph, e)
+            return False
+        if not agree:
+            log.debug("boo %s: its graph gives other results in ATen; it stays in IREE", self.graph)
+        return agree
 
     def _timed_invoke(self, loaded: _Loaded, passed, num_results) -> float:
         _after_torch_work()
@@ -349,6 +366,15 @@ class IreeFunction:
         # Only memory the caller still reads matters: a copy made for this call (an argument
         # IREE writes into) and a donated tensor are no one else's, so a result there is fresh.
         return memory.unalias(out, [s for s in spans if passed[s[2]] is tensors[s[2]] and s[2] not in donated])
+
+
+def _close(a: torch.Tensor, b: torch.Tensor) -> bool:
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    if not a.is_floating_point():
+        return torch.equal(a, b)
+    tol = 1e-3 if a.element_size() >= 4 else 2e-2
+    return torch.allclose(a.double(), b.double(), rtol=tol, atol=tol, equal_nan=True)
 
 
 class _OnAten:

@@ -735,3 +735,29 @@ def test_aten_driver_results_are_dense_and_apart():
     assert all(r.is_contiguous() for r in out)
     assert len({r.untyped_storage().data_ptr() for r in out}) == 4
     assert torch.equal(out[0], base.t()) and torch.equal(out[1], base[0:2]) and torch.equal(out[2], base[2:4])
+
+
+def test_a_part_whose_graph_differs_or_fails_in_aten_stays_in_iree(monkeypatch, tmp_path):
+    """ATen is offered only when it gives IREE's results on the first call's arguments: a part
+    whose graph gives other values in ATen, or fails there, stays in IREE however the timings go."""
+    from boo_backend import assemble
+
+    monkeypatch.delenv("BOO_STRICT")
+    ran = _aten_measured_faster(monkeypatch)
+    real = assemble._aten_runner
+    x, w = _inputs()
+    for name, wrong in (("differs", lambda out: [r + 1 for r in out]), ("fails", None)):
+        def runner(core, wrong=wrong):
+            run = real(core)
+            if wrong is None:
+                def failing(passed):
+                    raise RuntimeError("injected")
+                return failing
+            return lambda passed: wrong(list(run(passed)))
+
+        monkeypatch.setattr(assemble, "_aten_runner", runner)
+        _fresh_cache(monkeypatch, tmp_path / name)
+        torch._dynamo.reset()
+        assert_close(torch.compile(_gelu_scale, backend="boo")(x, w), _gelu_scale(x, w))
+        assert boo_backend.placements()[0].drivers["module"] in ("local-sync", "local-task"), name
+        assert "aten" not in ran, name
