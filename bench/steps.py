@@ -43,6 +43,8 @@ BACKENDS: dict[str, tuple[str | None, dict]] = {
     # default, "boo", measures each shape and picks).
     "boo-aten-matmul": ("boo", {"aten_matmul": "always"}),
     "boo-iree-matmul": ("boo", {"aten_matmul": "never"}),
+    # boo with every part in IREE: no part runs in ATen, however it measures (runtime.ATEN).
+    "boo-iree-parts": ("boo", {"cpu_driver": "iree"}),
 }
 DEFAULT_BACKENDS = ["eager", "inductor", "boo", "boo-decomposed"]
 

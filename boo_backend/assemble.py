@@ -260,8 +260,10 @@ class Assembly:
     def _offers_aten(self, lowered: Lowered, target: Target) -> bool:
         """Whether the part may run in ATen when that measures faster (runtime.ATEN): a CPU
         part of static shapes, its graph at hand, outside strict mode (which proves that IREE
-        ran) and with matmuls placed by measurement (BOO_ATEN_MATMUL=auto)."""
-        return (target.is_cpu and not target.fenced and not self.opts.strict and self.opts.aten_matmul == "auto"
+        ran), with the driver measured (BOO_CPU_DRIVER=auto; "iree" measures IREE's drivers
+        only) and matmuls placed by measurement (BOO_ATEN_MATMUL=auto)."""
+        return (target.is_cpu and not target.fenced and not self.opts.strict and self.opts.cpu_driver == "auto"
+                and self.opts.aten_matmul == "auto"
                 and (lowered.core is not None or lowered.graph_blob is not None)
                 and not any(_DYNAMIC_ARGUMENT.search(line) for line in lowered.mlir.splitlines() if "@main(" in line))
 
@@ -273,7 +275,7 @@ class Assembly:
             return _NotLoaded()
         drivers = self._drivers
         driver, remember, aten = None, None, None
-        if target.is_cpu and self.opts.cpu_driver != "auto":
+        if target.is_cpu and self.opts.cpu_driver not in ("auto", "iree"):
             driver = self.opts.cpu_driver
         elif len(target.drivers) > 1:
             offered = self._offers_aten(lowered, target)

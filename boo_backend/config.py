@@ -13,7 +13,7 @@ Every control has one environment variable and one options key of the same meani
 | BOO_CACHE_DIR        | cache_dir           | where the on-disk compile cache lives                |
 | BOO_TARGET           | target              | IREE target: llvm-cpu, cuda:sm_80, rocm:gfx942, ...  |
 | BOO_ATEN_MATMUL      | aten_matmul         | auto (measured), 1 (ATen) or 0 (IREE) for matmuls    |
-| BOO_CPU_DRIVER       | cpu_driver          | auto (measured, ATen too), local-task, local-sync    |
+| BOO_CPU_DRIVER       | cpu_driver          | auto (measured, ATen too), iree, local-task/-sync    |
 | BOO_PARTITIONER      | partitioner         | AOTAutograd's split: "mincut" (default) or "default" |
 | BOO_COMPILE_TIMEOUT  | compile_timeout     | seconds one iree-compile may take (0: no limit)      |
 | BOO_DYNAMIC          | dynamic             | "0": compile symbolic graphs per concrete shape      |
@@ -191,8 +191,8 @@ class Options:
                     raise BooError(f"aten_matmul={value!r}; use auto, 1/always (ATen) or 0/never (IREE)") from None
         if raw.get("cpu_driver"):
             value = str(raw["cpu_driver"]).strip().lower()
-            if value not in ("auto", "local-task", "local-sync"):
-                raise BooError(f"cpu_driver={value!r}; use auto, local-task or local-sync")
+            if value not in ("auto", "iree", "local-task", "local-sync"):
+                raise BooError(f"cpu_driver={value!r}; use auto, iree (measured, never ATen), local-task or local-sync")
             kwargs["cpu_driver"] = value
         if "force_decompose" in raw:
             value = raw["force_decompose"]

@@ -702,9 +702,10 @@ def test_a_part_measured_faster_in_aten_runs_there_cold_and_warm(monkeypatch, tm
     assert boo_backend.placements()[0].drivers == {"module": "aten"}
 
 
-def test_strict_mode_and_dynamic_parts_never_run_in_aten(monkeypatch, tmp_path):
+def test_strict_mode_dynamic_parts_and_the_iree_setting_never_run_in_aten(monkeypatch, tmp_path):
     """Strict mode proves that IREE ran; a part of dynamic shapes would be measured at one size
-    only. Neither is offered ATen, however the timings go."""
+    only; BOO_CPU_DRIVER=iree asks for IREE's drivers. None is offered ATen, however the
+    timings go."""
     ran = _aten_measured_faster(monkeypatch)
     _fresh_cache(monkeypatch, tmp_path / "strict")
     x, w = _inputs()
@@ -719,6 +720,12 @@ def test_strict_mode_and_dynamic_parts_never_run_in_aten(monkeypatch, tmp_path):
         assert_close(compiled(xn, w), _gelu_scale(xn, w))
     assert all(p.dynamic for p in boo_backend.placements()), [p.line() for p in boo_backend.placements()]
     assert "aten" not in ran and all("ATen for" not in p.line() for p in boo_backend.placements())
+    # BOO_CPU_DRIVER=iree: measured among IREE's drivers only.
+    _fresh_cache(monkeypatch, tmp_path / "iree")
+    torch._dynamo.reset()
+    assert_close(torch.compile(_gelu_scale, backend="boo", options={"cpu_driver": "iree"})(x, w), _gelu_scale(x, w))
+    assert boo_backend.placements()[0].drivers["module"] in ("local-sync", "local-task")
+    assert "aten" not in ran
 
 
 def test_aten_driver_results_are_dense_and_apart():
