@@ -2,6 +2,7 @@
 matmuls placed by measurement (BOO_ATEN_MATMUL). These test the mechanisms and their
 results, never a speed: timings are injected where a decision must go one way."""
 
+import re
 import time
 
 import pytest
@@ -662,11 +663,12 @@ def _aten_measured_faster(monkeypatch):
         return 1e-5 if isinstance(loaded, runtime._OnAten) else 1e-3
 
     monkeypatch.setattr(IreeFunction, "_timed_invoke", timed)
+    monkeypatch.setattr(runtime, "_MEASURE_LIMIT", float("inf"))  # a slow first call is measured too
     ran = []
     invoke = IreeFunction._invoke
 
     def invoked(self, *args, **kwargs):
-        ran.append(runtime.ATEN if isinstance(self._current, runtime._OnAten) else "iree")
+        ran.append(runtime.ATEN if isinstance(self._current, runtime._OnAten) else "iree:" + self.graph)
         return invoke(self, *args, **kwargs)
 
     monkeypatch.setattr(IreeFunction, "_invoke", invoked)
@@ -768,3 +770,69 @@ def test_a_part_whose_graph_differs_or_fails_in_aten_stays_in_iree(monkeypatch, 
         assert_close(torch.compile(_gelu_scale, backend="boo")(x, w), _gelu_scale(x, w))
         assert boo_backend.placements()[0].drivers["module"] in ("local-sync", "local-task"), name
         assert "aten" not in ran, name
+
+
+class _Blocks(torch.nn.Module):
+    """Three identical blocks (cut into parts between ATen's matmuls) with results past the
+    pool's and the placed storage's thresholds (300 x 256 float32: 300 KB)."""
+
+    def __init__(self, width=256):
+        super().__init__()
+        self.layers = torch.nn.ModuleList(
+            torch.nn.Sequential(torch.nn.LayerNorm(width), torch.nn.Linear(width, width), torch.nn.GELU())
+            for _ in range(3))
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = x + layer(x)
+        return x
+
+
+def test_split_graph_parts_in_aten_train_like_eager_cold_and_warm(monkeypatch, tmp_path):
+    """A model cut into parts, every part measured faster in ATen: a training step (forward
+    and backward, placed results of 300 KB) gives eager's loss and gradients, and a warm start
+    from the cached split graph (saved.py) runs the same parts in ATen without measuring."""
+    from boo_backend import blocks
+
+    monkeypatch.delenv("BOO_STRICT")
+    monkeypatch.setattr(blocks, "MIN_PART_ELEMENTS", 0)  # cut its blocks although they are small
+    ran = _aten_measured_faster(monkeypatch)
+    wholly_placed = []  # per call: every result of the part is placed (IREE would skip unalias)
+    invoke = IreeFunction._invoke
+
+    def recording(self, tensors, passed, spans, num_results, *args):
+        wholly_placed.append(len(self.placed) == num_results)
+        return invoke(self, tensors, passed, spans, num_results, *args)
+
+    monkeypatch.setattr(IreeFunction, "_invoke", recording)
+    _fake_timings(monkeypatch, tmp_path, aten_s=1e-4, iree_s=1e-3, floor_s=1e-6)  # matmuls to ATen: cut there
+    torch.manual_seed(0)
+    model = _Blocks()
+    x = torch.randn(300, 256)
+
+    def step(compiled: bool):
+        torch._dynamo.reset()
+        for p in model.parameters():
+            p.grad = None
+        run = torch.compile(model, backend="boo") if compiled else model
+        xi = x.clone().requires_grad_()
+        out = run(xi)
+        (out * out).mean().backward()
+        return out.detach(), xi.grad, [p.grad.clone() for p in model.parameters()]
+
+    ref = step(False)
+    cold = step(True)
+    placed = [p.line().split(":", 1)[1] for p in boo_backend.placements()]
+    assert all("ATen for" in line for line in placed), placed
+    assert any(re.search(r"ATen for [2-9]\d* parts", line) for line in placed), placed
+    assert any(all_placed for all_placed in wholly_placed), "no part had all its results in placed storage"
+    for ours, theirs, what in zip(cold, ref, ("output", "input grad", "weight grads")):
+        assert_close(ours, theirs, what)
+    boo_backend.reset()
+    ran.clear()
+    chosen = _calls_of(monkeypatch, "_choose")
+    warm = step(True)
+    assert chosen == [] and ran and set(ran) == {"aten"}, (chosen, ran)
+    assert [p.line().split(":", 1)[1] for p in boo_backend.placements()] == placed
+    for ours, theirs, what in zip(warm, ref, ("output", "input grad", "weight grads")):
+        assert_close(ours, theirs, what)
