@@ -1,16 +1,18 @@
 """Each IREE part of a training step against ATen running the same ops on the same inputs.
 
-A part is one IREE call of boo's split graph (a run of ops between ATen's matmuls and
-attention). For each part, this script keeps the inputs of its first call in the step, then
-times, alone and in turns: the part as boo calls it (argument import, IREE, results), and
+A part is one IREE module of boo's graph (a run of ops between ATen's matmuls and
+attention, or the whole graph). For each part, this script keeps the inputs of its call in
+the third step, then times, alone: the part as boo calls it (argument import, the call on
+the driver boo chose, results; "aten" when the part itself runs in ATen, runtime.ATEN), and
 the part's own graph run op by op by ATen on torch's threads. Each call follows a torch
 parallel region, as in the step (see runtime._after_torch_work). The totals weigh each part
 by its calls per step (the layers of a model share their parts).
 
     python bench/parts.py [--model mlp|transformer|ln_gelu|gpt2|llama] [--layers N] [--calls 9] [--out F.csv]
 
-The small models are bench/steps.py's workloads, the large ones bench/scale.py's. The
-compile cache is off for the run: a part loaded from the cache keeps no graph to run in ATen.
+The small models are bench/steps.py's workloads, the large ones bench/scale.py's. boo's
+compile cache is off for the run; a part that torch's own caches serve from an earlier run
+unpickles its graph from boo's cache entry (Lowered.graph).
 
 How to read it:
 - The ATen side runs the part's graph as boo built it (after its decompositions and
@@ -91,18 +93,21 @@ def main() -> None:
     per_step: collections.Counter = collections.Counter()
     forward = part.IreePart.forward
 
+    on = []  # recording, during the third step only
+
     def recording(self, *a, **k):
-        if self.function is not None and self.lowered.core is not None:
+        if on and self.function is not None and self.lowered.graph() is not None:
             name = self.function.graph
             per_step[name] += 1
             if name not in first:
                 first[name] = (self, [x.clone() if isinstance(x, torch.Tensor) else x for x in a], k)
         return forward(self, *a, **k)
 
+    part.IreePart.forward = recording  # before the compile: a graph may keep its part's bound forward
     step = _step_fn(args.model, args.layers)
     step()  # compile
     step()
-    part.IreePart.forward = recording
+    on.append(True)
     step()
     part.IreePart.forward = forward
 
@@ -112,7 +117,7 @@ def main() -> None:
     for name in sorted(first):
         p, inputs, kwargs = first[name]
         tensors = arguments(p.lowered.inputs, inputs)
-        core = p.lowered.core
+        core = p.lowered.graph()
         for _ in range(2):  # warm both sides
             p(*inputs, **kwargs)
             core(*tensors)
@@ -121,13 +126,13 @@ def main() -> None:
         calls = per_step[name]
         total["iree"] += iree_ms * calls
         total["aten"] += aten_ms * calls
-        row = {"part": name, "calls_per_step": calls, "driver": p.function.driver, "iree_ms": round(iree_ms, 3),
-               "aten_ms": round(aten_ms, 3), "aten_over_iree": round(aten_ms / iree_ms, 2), "ops": _ops(core)}
+        row = {"part": name, "calls_per_step": calls, "driver": p.function.driver, "boo_ms": round(iree_ms, 3),
+               "aten_ms": round(aten_ms, 3), "aten_over_boo": round(aten_ms / iree_ms, 2), "ops": _ops(core)}
         rows.append(row)
-        print(f"{name:30} x{calls:<3} {row['driver'] or '?':10} IREE {iree_ms:9.3f} ms  ATen {aten_ms:9.3f} ms  "
-              f"ATen/IREE {row['aten_over_iree']:5.2f}  {row['ops']}")
-    print(f"per step, weighed by calls: IREE {total['iree']:.1f} ms, ATen {total['aten']:.1f} ms "
-          f"(ATen/IREE {total['aten'] / max(total['iree'], 1e-9):.2f})")
+        print(f"{name:30} x{calls:<3} {row['driver'] or '?':10} boo {iree_ms:9.3f} ms  ATen {aten_ms:9.3f} ms  "
+              f"ATen/boo {row['aten_over_boo']:5.2f}  {row['ops']}")
+    print(f"per step, weighed by calls: boo {total['iree']:.1f} ms, ATen {total['aten']:.1f} ms "
+          f"(ATen/boo {total['aten'] / max(total['iree'], 1e-9):.2f})")
     if args.out:
         with open(args.out, "w", newline="") as f:
             writer = csv.DictWriter(f, fieldnames=list(rows[0]) if rows else ["part"])
