@@ -66,7 +66,10 @@ BACKENDS: dict[str, tuple[str | None, dict]] = {
     "eager": (None, {}),
     "inductor": ("inductor", {}),
     "boo": ("boo", {}),
+    # Not run by default: every part in IREE, however it measures against ATen (runtime.ATEN).
+    "boo-iree-parts": ("boo", {"cpu_driver": "iree"}),
 }
+DEFAULT_BACKENDS = ("eager", "inductor", "boo")
 COLD_TARGET_S, WARM_TARGET_S = 30.0, 2.0
 _COMPOSITE_LINE = re.compile(r"^#\s+\S+: (\S+) v\d+ ")
 
@@ -334,7 +337,7 @@ def main(argv=None) -> int:
     p.add_argument("--models", help="comma list of zoo names (default: all of boo_backend.zoo.MODELS)")
     p.add_argument("--model", action="append", default=[], metavar="MODULE:FUNCTION",
                    help="your own factory returning (model, kwargs dict | args tuple); repeatable")
-    p.add_argument("--backends", default=",".join(BACKENDS), help="comma list of " + ",".join(BACKENDS))
+    p.add_argument("--backends", default=",".join(DEFAULT_BACKENDS), help="comma list of " + ",".join(BACKENDS))
     p.add_argument("--steps", type=int, default=20, help="timed interleaved rounds per run")
     p.add_argument("--runs", type=int, default=3, help="runs of --steps rounds (median of the run medians)")
     p.add_argument("--warmup", type=int, default=3, help="untimed steps of each backend after its first")
