@@ -34,13 +34,10 @@ from .partition import (
     preparation_table, retrace, retrace_symbolic, split_independent, split_islands, wrong_in_iree,
 )
 from .part import IreePart
-from .runtime import ATEN, IreeFunction
+from .runtime import ATEN, IreeFunction, OnAten
+from .verify import checkable, disagreement as disagreement_with
 
 log = logging.getLogger("boo_backend")
-
-# A tensor argument of `main` with a dynamic dimension, in torch dialect text.
-_DYNAMIC_ARGUMENT = re.compile(r"!torch\.vtensor<\[[^\]]*\?")
-
 
 def _aten_runner(core: fx.GraphModule):
     """The IREE arguments of a part to its results, computed by its graph in ATen."""
@@ -48,6 +45,28 @@ def _aten_runner(core: fx.GraphModule):
         with torch.no_grad():
             return core(*passed)
     return run
+
+
+def _on_aten(core: fx.GraphModule, lowered: Lowered) -> OnAten | None:
+    """The "aten" driver of a part (runtime.ATEN), or None for a graph that draws random
+    numbers (ATen's would differ from IREE's). It agrees with IREE as a dynamic module's check
+    does (verify.disagreement), on as many results, an unsigned one compared with IREE's
+    signed twin (IreePart.retype) by its bits."""
+    if not checkable(core):
+        return None
+    run = _aten_runner(core)
+    dtypes = [getattr(torch, name) for name in lowered.result_dtypes]
+
+    def disagreement(passed, ours):
+        theirs = run(passed)
+        theirs = list(theirs) if isinstance(theirs, (tuple, list)) else [theirs]
+        if len(theirs) != len(ours):
+            return f"{len(theirs)} results against IREE's {len(ours)}"
+        if len(dtypes) == len(ours):
+            ours = [o.view(d) if o.dtype != d and o.element_size() == d.itemsize else o for o, d in zip(ours, dtypes)]
+        return disagreement_with(lambda *_: theirs, passed, ours)
+
+    return OnAten(run, disagreement)
 
 
 def _to_torch(outer: fx.GraphModule, place_of_part: dict[str, str]) -> int:
@@ -264,8 +283,7 @@ class Assembly:
         only) and matmuls placed by measurement (BOO_ATEN_MATMUL=auto)."""
         return (target.is_cpu and not target.fenced and not self.opts.strict and self.opts.cpu_driver == "auto"
                 and self.opts.aten_matmul == "auto"
-                and (lowered.core is not None or lowered.graph_blob is not None)
-                and not any(_DYNAMIC_ARGUMENT.search(line) for line in lowered.mlir.splitlines() if "@main(" in line))
+                and (lowered.core is not None or lowered.graph_blob is not None) and not has_dynamic_dims(lowered.mlir))
 
     def _function(self, vmfb: bytes, lowered: Lowered, target: Target, name: str, part: str) -> IreeFunction:
         """The loaded module, on the CPU driver BOO_CPU_DRIVER names, or the one an earlier
@@ -284,7 +302,7 @@ class Assembly:
             known = self.cache.get_json(key)
             if offered and (not known or known.get("driver") == ATEN):
                 try:
-                    aten = _aten_runner(lowered.graph())
+                    aten = _on_aten(lowered.graph(), lowered)
                 except Exception as e:  # a cached graph that no longer unpickles: IREE's drivers only
                     log.debug("boo: the cached graph of %s does not load (%s); it runs in IREE", name, e)
             if known and (known.get("driver") in target.drivers or (known.get("driver") == ATEN and aten)):

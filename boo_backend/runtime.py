@@ -190,14 +190,13 @@ class IreeFunction:
                  remember=None, sync: bool = False, measure_scale: int = 1,
                  checked: frozenset[int] | None = None, remember_writes=None, placed=(), aten=None):
         self.target = target
-        self._aten = aten
         self.placed = tuple(placed)
         self.measure_scale = measure_scale
         self.graph = graph
         self.sync = sync
         self._name = name
         self._module = rt.VmModule.copy_buffer(_instance(), vmfb)
-        self._loaded: dict = {}
+        self._loaded: dict = {ATEN: aten} if aten is not None else {}
         self.writes = set(writes) | (checked or set())
         self._checked = checked is not None
         self._remember_writes = remember_writes
@@ -212,9 +211,7 @@ class IreeFunction:
         if not self._gpu:  # a GPU module is loaded on its first call's device (_on_gpu)
             self._use(self.driver or target.driver)
 
-    def _load(self, driver: str) -> "_Loaded | _OnAten":
-        if driver == ATEN:
-            return self._loaded.setdefault(ATEN, _OnAten(self._aten))
+    def _load(self, driver: str) -> "_Loaded | OnAten":
         if driver not in self._loaded:
             device = _cpu_device(driver)
             # A fenced CPU target (tests) runs the GPU calling convention on the CPU.
@@ -268,7 +265,7 @@ class IreeFunction:
         return results
 
     def _checked_call(self, tensors, passed, spans, num_results):
-        if isinstance(self._current, _OnAten):  # a warm start on ATen: IREE does not run here
+        if isinstance(self._current, OnAten):  # a warm start on ATen: IREE does not run here
             results = self._invoke(tensors, passed, spans, num_results)
             self._checked = True
             return results
@@ -319,19 +316,18 @@ class IreeFunction:
         self._decide(best, ", ".join(f"{d} {t * 1e6:.0f} us" for d, t in times.items()))
 
     def _aten_agrees(self, passed: list, num_results: int) -> bool:
-        """Whether the part's graph in ATen gives what IREE gives on these arguments: as many
-        results, of the same shapes and dtypes, and close values (a part that draws random
-        numbers differs, and stays in IREE). Else, or if ATen fails, it is not offered."""
+        """Whether the part's graph in ATen gives what IREE gives on these arguments (see
+        OnAten.disagreement). Else, or if ATen fails, it is not offered."""
+        # IREE writes into its `writes` arguments: those get copies, so ATen reads the originals.
+        ours = self._load(self.target.driver).run(
+            [_importable(t, copy=True) if i in self.writes else t for i, t in enumerate(passed)], num_results, self.sync)
         try:
-            theirs = self._load(ATEN).run(passed, num_results, self.sync)  # first: ATen writes nothing
+            wrong = self._loaded[ATEN].disagreement(passed, ours)
         except Exception as e:
-            log.debug("boo %s: its graph fails in ATen (%s); it stays in IREE", self.graph, e)
-            return False
-        ours = self._load(self.target.driver).run(passed, num_results, self.sync)
-        agree = len(ours) == len(theirs) and all(_close(a, b) for a, b in zip(ours, theirs))
-        if not agree:
-            log.debug("boo %s: its graph gives other results in ATen; it stays in IREE", self.graph)
-        return agree
+            wrong = f"it fails there ({e})"
+        if wrong:
+            log.debug("boo %s: its graph in ATen does not give IREE's results (%s); it stays in IREE", self.graph, wrong)
+        return not wrong
 
     def _timed_invoke(self, loaded: _Loaded, passed, num_results) -> float:
         _after_torch_work()
@@ -356,7 +352,7 @@ class IreeFunction:
         except Exception as e:  # IREE reports its runtime errors as IndexError/RuntimeError
             shapes = ", ".join(f"{tuple(t.shape)} {t.dtype}" if isinstance(t, torch.Tensor) else repr(t)
                                for t in tensors)
-            where = "ATen (the part's own graph, measured faster)" if isinstance(self._current, _OnAten) else "IREE"
+            where = "ATen (the part's own graph, measured faster)" if isinstance(self._current, OnAten) else "IREE"
             raise BooRuntimeError(
                 f"boo: {where} failed while running graph {self.graph} on ({shapes}): "
                 f"{str(e).strip().splitlines()[0]}. Unset BOO_STRICT and set BOO_CACHE=0 to retry, "
@@ -366,37 +362,22 @@ class IreeFunction:
         home = _elsewhere(tensors, self._gpu)
         if home is not None:
             out = [r.to(home) for r in out]
-        elif len(self.placed) == num_results and not isinstance(loaded, _OnAten):
+        elif len(self.placed) == num_results and not isinstance(loaded, OnAten):
             return out  # each result lies in storage this call took: fresh, and apart
         # Only memory the caller still reads matters: a copy made for this call (an argument
         # IREE writes into) and a donated tensor are no one else's, so a result there is fresh.
         return memory.unalias(out, [s for s in spans if passed[s[2]] is tensors[s[2]] and s[2] not in donated])
 
 
-def _close(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """IREE's result `a` against ATen's `b`. An unsigned result comes from IREE as its signed
-    twin (IreePart.retype), so integers of one size compare by their bits."""
-    if a.shape != b.shape:
-        return False
-    if a.dtype != b.dtype:
-        if a.is_floating_point() or b.is_floating_point() or a.element_size() != b.element_size():
-            return False
-        b = b.view(a.dtype)
-    if not a.is_floating_point():
-        return torch.equal(a, b)
-    tol = 1e-3 if a.element_size() >= 4 else 2e-2
-    return torch.allclose(a.double(), b.double(), rtol=tol, atol=tol, equal_nan=True)
-
-
-class _OnAten:
+class OnAten:
     """The "aten" driver: the part's own graph (`run`: the IREE arguments to its results), op
     by op in ATen. Its results are made dense, as IREE's are; IreeFunction._invoke then copies
-    any that alias an argument or each other."""
+    any that alias an argument or each other. `disagreement(passed, ours)`: how IREE's results
+    `ours` on `passed` differ from the graph's, or None (assemble builds it on verify.py's)."""
 
-    pooled = False
-
-    def __init__(self, run):
+    def __init__(self, run, disagreement):
         self._run = run
+        self.disagreement = disagreement
 
     def run(self, passed: list, num_results: int, sync: bool, spans=None) -> list[torch.Tensor]:
         out = self._run(passed)

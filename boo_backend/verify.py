@@ -41,7 +41,7 @@ def _draws_random(node: fx.Node) -> bool:
     return True
 
 
-def _checkable(gm: fx.GraphModule) -> bool:
+def checkable(gm: fx.GraphModule) -> bool:
     """Whether running `gm` in eager PyTorch once more is harmless and gives the same values:
     no op that writes into its inputs, none that draws random numbers."""
     return not any(n.target._schema.is_mutable or _draws_random(n) for n in compute_nodes(gm))
@@ -49,7 +49,7 @@ def _checkable(gm: fx.GraphModule) -> bool:
 
 def disagreement(gm: fx.GraphModule, args: list, outputs) -> str | None:
     """How IREE's `outputs` for `args` differ from `gm` run in eager PyTorch, or None when they
-    agree (`gm` must be _checkable): same shapes and dtypes, the same integers, floats within a tolerance wide enough
+    agree (`gm` must be checkable): same shapes and dtypes, the same integers, floats within a tolerance wide enough
     for a different order of summation (and bf16's rounding)."""
     with torch.no_grad():
         expected = gm(*args)
@@ -93,7 +93,7 @@ class Verifier:
 
     def __init__(self, gm: fx.GraphModule, policy: str, limit: int | None = None):
         self.gm = gm
-        self.policy = policy if policy == "off" or _checkable(gm) else "off"
+        self.policy = policy if policy == "off" or checkable(gm) else "off"
         self.limit = LIMIT if limit is None else limit
         self.active = self.policy != "off"
         self.checks = 0

@@ -13,6 +13,7 @@ import boo_backend
 from boo_backend import extern
 from boo_backend.config import BooError, Options
 from boo_backend.runtime import IreeFunction
+from test_cache import _Layers
 from util import assert_close, close_to_scale, compare_training
 
 
@@ -660,7 +661,7 @@ def _aten_measured_faster(monkeypatch):
 
     def timed(self, loaded, passed, num_results):
         original(self, loaded, passed, num_results)
-        return 1e-5 if isinstance(loaded, runtime._OnAten) else 1e-3
+        return 1e-5 if isinstance(loaded, runtime.OnAten) else 1e-3
 
     monkeypatch.setattr(IreeFunction, "_timed_invoke", timed)
     monkeypatch.setattr(runtime, "_MEASURE_LIMIT", float("inf"))  # a slow first call is measured too
@@ -668,7 +669,7 @@ def _aten_measured_faster(monkeypatch):
     invoke = IreeFunction._invoke
 
     def invoked(self, *args, **kwargs):
-        ran.append(runtime.ATEN if isinstance(self._current, runtime._OnAten) else "iree:" + self.graph)
+        ran.append(runtime.ATEN if isinstance(self._current, runtime.OnAten) else "iree:" + self.graph)
         return invoke(self, *args, **kwargs)
 
     monkeypatch.setattr(IreeFunction, "_invoke", invoked)
@@ -733,14 +734,14 @@ def test_strict_mode_dynamic_parts_and_the_iree_setting_never_run_in_aten(monkey
 def test_aten_driver_results_are_dense_and_apart():
     """The "aten" driver hands back what IREE would: dense results, none sharing memory with
     another (IreeFunction._invoke then copies any that alias an argument)."""
-    from boo_backend.runtime import _OnAten
+    from boo_backend.runtime import OnAten
 
     base = torch.arange(24.0).reshape(4, 6)
 
     def graph(passed):
         return base.t(), base[0:2], base[2:4], passed[0]
 
-    out = _OnAten(graph).run([torch.ones(3)], 4, False)
+    out = OnAten(graph, None).run([torch.ones(3)], 4, False)
     assert all(r.is_contiguous() for r in out)
     assert len({r.untyped_storage().data_ptr() for r in out}) == 4
     assert torch.equal(out[0], base.t()) and torch.equal(out[1], base[0:2]) and torch.equal(out[2], base[2:4])
@@ -772,22 +773,6 @@ def test_a_part_whose_graph_differs_or_fails_in_aten_stays_in_iree(monkeypatch, 
         assert "aten" not in ran, name
 
 
-class _Blocks(torch.nn.Module):
-    """Three identical blocks (cut into parts between ATen's matmuls) with results past the
-    pool's and the placed storage's thresholds (300 x 256 float32: 300 KB)."""
-
-    def __init__(self, width=256):
-        super().__init__()
-        self.layers = torch.nn.ModuleList(
-            torch.nn.Sequential(torch.nn.LayerNorm(width), torch.nn.Linear(width, width), torch.nn.GELU())
-            for _ in range(3))
-
-    def forward(self, x):
-        for layer in self.layers:
-            x = x + layer(x)
-        return x
-
-
 def test_split_graph_parts_in_aten_train_like_eager_cold_and_warm(monkeypatch, tmp_path):
     """A model cut into parts, every part measured faster in ATen: a training step (forward
     and backward, placed results of 300 KB) gives eager's loss and gradients, and a warm start
@@ -807,7 +792,7 @@ def test_split_graph_parts_in_aten_train_like_eager_cold_and_warm(monkeypatch, t
     monkeypatch.setattr(IreeFunction, "_invoke", recording)
     _fake_timings(monkeypatch, tmp_path, aten_s=1e-4, iree_s=1e-3, floor_s=1e-6)  # matmuls to ATen: cut there
     torch.manual_seed(0)
-    model = _Blocks()
+    model = _Layers(width=256)  # results of 300 x 256 floats: past the placed storage's threshold
     x = torch.randn(300, 256)
 
     def step(compiled: bool):
