@@ -30,6 +30,7 @@ import torch
 from . import composites
 from .benchmarking import HOST_COLUMNS, host_info, host_line, interleaved, summarize, timing_line
 from .config import BooError
+from .timing import sync
 
 # name: (torch.compile backend, its options); None runs the op eagerly.
 BACKENDS: dict[str, tuple[str | None, dict]] = {
@@ -101,20 +102,15 @@ def parse_command(text: str, defaults: argparse.Namespace | None = None) -> Comm
     return Command(text, ns.op, shape, ns.dtype, ns.flags, backends, ns.iters, ns.warmup, ns.runs)
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def time_ms(fn, warmup: int, iters: int, device: torch.device) -> list[float]:
     for _ in range(warmup):
         fn()
-    _sync(device)
+    sync(device)
     times = []
     for _ in range(iters):
         start = time.perf_counter()
         fn()
-        _sync(device)
+        sync(device)
         times.append((time.perf_counter() - start) * 1e3)
     return times
 
@@ -188,8 +184,8 @@ def measure(cmd: Command, device: torch.device, progress=None) -> list[dict]:
         for fn in fns.values():
             for _ in range(cmd.warmup):
                 fn()
-        _sync(device)
-        times = interleaved(fns, cmd.iters, cmd.runs, sync=(lambda: _sync(device)) if device.type != "cpu" else None)
+        sync(device)
+        times = interleaved(fns, cmd.iters, cmd.runs, sync=(lambda: sync(device)) if device.type != "cpu" else None)
         copy = 2 * src.numel() / summarize(times[_COPY])["median_ms"] / 1e6
         for backend in cmd.backends:
             if backend in failed:

@@ -1,6 +1,6 @@
 """Matmuls, convolutions and attention placed by measurement (BOO_ATEN_MATMUL=auto).
 
-Imports match, partition, lower, compile, runtime, cache and config from boo_backend.
+Imports match, partition, lower, compile, runtime, timing, cache and config from boo_backend.
 
 Each `mm`/`addmm`/`bmm`/`convolution`/`convolution_backward` of a graph, by its shapes,
 strides and dtypes, is timed once on this host as ATen's kernel and as IREE's code for that
@@ -10,21 +10,19 @@ than a split costs. Then the graph as a whole is checked: the time the chosen no
 must pay for the IREE calls the split adds, else nothing is split.
 
 Nothing here is CPU-specific: on a GPU target the same timings compare cuBLAS/hipBLASLt
-with IREE's kernels (`_sync` waits for the device).
+with IREE's kernels (`timing.sync` waits for the device).
 """
 
 from __future__ import annotations
 
 import functools
 import logging
-import statistics
-import time
 
 import torch
 import torch.fx as fx
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from . import hostload, match, symbolic
+from . import match, symbolic, timing
 from .cache import CompileCache
 from .compile import Target, combine, compile_mlir, precompile
 from .config import BooError, Options
@@ -53,37 +51,13 @@ _CALLS_PER_SPLIT = 2
 # is timed once more, each side keeping its fastest typical time: on a 2-core VM one timing
 # of an MLP's 256x512x1024 addmm gave ATen 3.0 ms (1.6-1.9 ms in every other timing and in
 # the step) against IREE's 2.7 ms, and kept the matmul in an IREE part that took 3 ms of it.
-# Calls past _LONG_S are not timed again: one such call's noise is a few percent, and timing
-# GPT-2 small's matmuls again added 1-2 s to its cold compile.
+# Calls past timing.LONG_S are not timed again: one such call's noise is a few percent,
+# and timing GPT-2 small's matmuls again added 1-2 s to its cold compile.
 _CLOSE = 0.15
-# Timing: ATen and IREE in turns until this many seconds or calls each, keeping each one's
-# median (_typical_times; the call floor keeps the minimum, _min_time). (0.2 s and 20 calls
-# made the timings a sixth of a Llama's cold compile; ten calls each are as good a guide
-# where ATen and IREE differ by more than the noise, and where they do not, either choice
-# costs little.)
-_BUDGET_S = 0.1
-_MAX_CALLS = 10
-# The call floor's module takes ~0.1 ms a call: it is called for the whole budget (_min_time).
-_FLOOR_CALLS = 5000
-# _random_like repeats this many random values.
-_BLOCK = 4099
 # The one-op modules to time compile in modules of up to this many (Timings.prepare; one
 # compile for many costs less than one each, see compile.combine), so that one that fails
 # costs a bounded number of compiles again.
 _GROUP = 16
-# A call at least this long is timed once after its warm-up (not three times): at this
-# length one call's noise is a few percent, and a vocabulary projection's matmul takes a
-# second here, so three calls of each kind made placing it cost more than compiling.
-_LONG_S = 0.05
-# IREE's drivers beyond the default (local-sync, one core) are timed only for calls this
-# short: in GPT-2 small's timings (2 cores) local-sync took 1.2-1.6x local-task's time for
-# every op past 10 ms, and timing it made a third of the placement's time.
-_SHORT_S = 0.01
-# A timing taken while other work took the machine (hostload.Window) is taken again, up to
-# this many times in one compile, and in up to this many compiles in all (a machine that is
-# never quiet must not time every matmul again in every process).
-_ATTEMPTS = 3
-_SAMPLES = 3
 
 
 def flops(node: fx.Node) -> float:
@@ -131,116 +105,6 @@ def _signature(node: fx.Node) -> str:
     return f"{node.target}({describe(list(node.args))},{describe(sorted(node.kwargs.items()))})"
 
 
-def _random_like(v: torch.Tensor) -> torch.Tensor:
-    """Random values in the layout of `v` (its strides: a transposed weight stays one). A
-    vocabulary's weight holds tens of millions of elements, and drawing each from a normal
-    distribution cost seconds of a cold compile; a timing needs no more than a block of
-    random values repeated (no zeros, no denormals)."""
-    t = torch.empty_strided(v.shape, v.stride(), dtype=v.dtype, device=v.device)
-    if not v.dtype.is_floating_point:
-        return t.fill_(1)
-    flat = t.as_strided((t.untyped_storage().nbytes() // t.element_size(),), (1,))
-    block = _random_block(v.dtype, v.device)
-    whole = flat.numel() // block.numel() * block.numel()
-    if whole:
-        flat[:whole].view(-1, block.numel()).copy_(block.expand(whole // block.numel(), -1))
-    flat[whole:].copy_(block[: flat.numel() - whole])
-    return t
-
-
-@functools.cache
-def _random_block(dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    g = torch.Generator().manual_seed(0)
-    return torch.randn(_BLOCK, generator=g).to(dtype=dtype, device=device)
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def _timed_rounds(fns: list, device: torch.device, scale: int = 1, rounds: int = _MAX_CALLS,
-                  optional: int = 0) -> list[list[float]]:
-    """The times of repeated calls of each of `fns`, called in turns, until the calls have
-    taken _BUDGET_S seconds for each of `fns` called (ATen's calls counted every time) or
-    `rounds` rounds (at least 3 rounds, or 1 for calls past _LONG_S); `scale`
-    (max-autotune) measures that many times longer. A round calls `fns[0]` (ATen's kernel)
-    before each of the others, so that each IREE driver meets the machine as ATen leaves it,
-    as in a graph cut between them: torch's OpenMP threads spin for a while after a parallel
-    region, and local-task's workers timed after local-sync's call met none of that (an MLP's
-    256x512x1024 matmuls timed 1.9-2.0 ms on local-task, as fast as ATen's, and took 3 ms
-    each in the step's IREE part). The last `optional` of `fns` are not called (no times)
-    when the others' calls are past _SHORT_S (max-autotune calls them all)."""
-    required = len(fns) - optional
-    start = time.perf_counter()
-    for fn in fns[:required]:
-        fn()  # warm-up
-        _sync(device)
-    per_call = (time.perf_counter() - start) / required
-    called = len(fns) if per_call <= _SHORT_S or scale > 1 else required
-    for fn in fns[required:called]:
-        fn()
-        _sync(device)
-    order = [0] if called == 1 else [k for i in range(1, called) for k in (0, i)]
-    least = 1 if per_call > _LONG_S * scale else 3
-    times: list[list[float]] = [[] for _ in fns]
-    spent = 0.0
-    done = 0
-    while done < rounds * scale and (spent < _BUDGET_S * scale * called or done < least):
-        for k in order:
-            start = time.perf_counter()
-            fns[k]()
-            _sync(device)
-            times[k].append(time.perf_counter() - start)
-            spent += times[k][-1]
-        done += 1
-    return times
-
-
-def _min_time(fn, device: torch.device) -> float:
-    """The fastest of repeated calls of `fn` over the whole budget (_timed_rounds, up to
-    _FLOOR_CALLS calls, not _MAX_CALLS: the fastest of ten is a poor minimum)."""
-    return min(_timed_rounds([fn], device, rounds=_FLOOR_CALLS)[0])
-
-
-def _typical_times(fns: list, device: torch.device, scale: int = 1, optional: int = 0) -> list[float | None]:
-    """The median time of each of `fns` (None for an optional one left out), called in turns
-    (_timed_rounds), so that every one meets the machine as the others leave it, as ATen's
-    kernels and IREE's calls meet each other in a graph cut between them. The median, not
-    the fastest: on a 2-core VM IREE's local-task calls of a few milliseconds came in two
-    modes, the fast one (4.4 ms for a 512x1408x512 matmul, ATen 4.3) a third of the time and
-    twice that otherwise, so the fastest call made IREE look as fast as ATen where it took
-    twice ATen's time in the step."""
-    return [statistics.median(kept) if kept else None for kept in _timed_rounds(fns, device, scale, optional=optional)]
-
-
-def _fastest(measure, earlier: dict | None) -> dict:
-    """`measure()`'s seconds ({name: s}), taken in a hostload.Window and again at once while
-    other work took the machine (up to _ATTEMPTS times), each kept at its fastest here and in
-    `earlier` (a cached result not yet settled); with "quiet", "others" (cores) and "samples"
-    (the compiles that measured it)."""
-    result = dict(earlier or {})
-    for _ in range(_ATTEMPTS):
-        with hostload.Window() as window:
-            times = measure()
-        for name, seconds in times.items():
-            result[name] = min(result.get(name, seconds), seconds)
-        result.update(quiet=window.quiet, others=window.others or 0.0)
-        if window.quiet:
-            break
-    result["samples"] = result.get("samples", 0) + 1
-    return result
-
-
-def _settled(known: dict | None) -> bool:
-    """Whether a cached measurement stands: taken on a quiet machine, or in _SAMPLES compiles."""
-    return known is not None and (known.get("quiet", True) or known.get("samples", 1) >= _SAMPLES)
-
-
-def _under_load(result: dict) -> str:
-    return "" if result["quiet"] else f" (other work took {result['others']:.1f} cores while timing)"
-
-
 def _one_op_graph(node: fx.Node, examples: list[torch.Tensor]) -> fx.GraphModule:
     inputs = _tensor_args(node)
 
@@ -273,7 +137,7 @@ class Timings:
             inputs = [a.meta["val"] for a in _tensor_args(node)]
             # In the graph's own layouts: a transposed weight reaches IREE as it lies in memory
             # and is transposed in the module (lower._dense_order), which is part of IREE's time.
-            iree_args = [_random_like(v) for v in inputs]
+            iree_args = [timing.random_like(v) for v in inputs]
             graph = _one_op_graph(node, iree_args)
             match.apply(graph, self.opts, self.target.kind)  # IREE's side of attention is its composite
             self._modules[node] = (lower(graph), iree_args)
@@ -286,7 +150,7 @@ class Timings:
         pending: dict[str, str] = {}
         for node in nodes:
             key = self._key(node)
-            if key not in pending and not _settled(self.cache.get_json(key)):
+            if key not in pending and not timing.settled(self.cache.get_json(key)):
                 try:
                     pending[key] = self._module(node)[0].mlir
                 except Exception as e:  # of() meets it again and says so
@@ -312,17 +176,17 @@ class Timings:
     def of(self, node: fx.Node) -> dict:
         """ATen's and IREE's typical seconds for `node` ({"aten_s", "iree_s", "driver",
         "quiet", "samples"}). A timing taken while other work took the machine (hostload)
-        is taken again at once, up to _ATTEMPTS times, and again when a later compile meets
-        it, up to _SAMPLES times; each side keeps its fastest typical time."""
+        is taken again at once, up to timing.ATTEMPTS times, and again when a later compile meets
+        it, up to timing.SAMPLES times; each side keeps its fastest typical time."""
         key = self._key(node)
         known = self.cache.get_json(key)
-        if _settled(known):
+        if timing.settled(known):
             return known
         result = self._measure(node, known)
         self.cache.stats["extern_timings"] += 1
         self.cache.put_json(key, result)
         log.info("boo: %s %s: ATen %.3f ms, IREE %.3f ms on %s%s", node.target, _signature(node),
-                 result["aten_s"] * 1e3, result["iree_s"] * 1e3, result["driver"], _under_load(result))
+                 result["aten_s"] * 1e3, result["iree_s"] * 1e3, result["driver"], timing.under_load(result))
         return result
 
     def again(self, node: fx.Node, known: dict) -> dict:
@@ -332,7 +196,7 @@ class Timings:
         self.cache.stats["extern_timings"] += 1
         self.cache.put_json(self._key(node), result)
         log.info("boo: %s %s, timed again: ATen %.3f ms, IREE %.3f ms on %s%s", node.target, _signature(node),
-                 result["aten_s"] * 1e3, result["iree_s"] * 1e3, result["driver"], _under_load(result))
+                 result["aten_s"] * 1e3, result["iree_s"] * 1e3, result["driver"], timing.under_load(result))
         return result
 
     def _measure(self, node: fx.Node, earlier: dict | None) -> dict:
@@ -340,14 +204,14 @@ class Timings:
         nodes = _tensor_args(node)
         inputs = [a.meta["val"] for a in nodes]
         device = inputs[0].device
-        aten_args = [_random_like(v) for v in inputs]
+        aten_args = [timing.random_like(v) for v in inputs]
         table = dict(zip(nodes, aten_args))
         args, kwargs = fx.node.map_arg((node.args, node.kwargs), table.__getitem__)
         lowered, iree_args = self._module(node)
         vmfb, name = self._compiled.get(self._key(node)) or (
             compile_mlir(lowered.mlir, self.target, self.cache, self.opts.compile_timeout), "main")
         # Each driver is timed (the default first); the others only for short calls
-        # (_SHORT_S). No first-call check of what IREE writes into (`checked`): it clones
+        # (timing.SHORT_S). No first-call check of what IREE writes into (`checked`): it clones
         # every argument, a vocabulary's weight included, and its time would count in the
         # warm-up that decides which drivers are timed; these arguments are the timing's own.
         drivers = [self.target.driver, *(d for d in self.target.drivers if d != self.target.driver)]
@@ -360,11 +224,11 @@ class Timings:
         best = [(earlier["iree_s"], earlier["driver"])] if earlier and "driver" in earlier else []
 
         def measure() -> dict:
-            aten_s, *iree = _typical_times(fns, device, scale, optional=len(drivers) - 1)
+            aten_s, *iree = timing.typical_times(fns, device, scale, optional=len(drivers) - 1)
             best.append(min((s, d) for s, d in zip(iree, drivers) if s is not None))
             return {"aten_s": aten_s, "iree_s": best[-1][0]}
 
-        result = _fastest(measure, earlier)
+        result = timing.fastest(measure, earlier)
         result["driver"] = min(best)[1]
         return result
 
@@ -373,7 +237,7 @@ class Timings:
         if self._floor is None:
             key = self.cache.key("call-floor", self.target.name)
             known = self.cache.get_json(key)
-            if not _settled(known):
+            if not timing.settled(known):
                 x = torch.ones(1)
                 graph = make_fx(lambda t: t + 1, tracing_mode="fake")(x)
                 lowered = lower(graph)
@@ -384,10 +248,13 @@ class Timings:
                 # had just compiled the Llama of bench/scale.py, local-task's fastest call
                 # still took 300-690 us (50-170 us in a fresh process), and a floor of 690 us
                 # kept the k/v projections' matmuls, 1 ms faster in ATen, in IREE.
-                known = _fastest(lambda: {"seconds": max(_min_time(lambda: f([x], 1), x.device) for f in functions)},
-                                 known)
+                def measure() -> dict:
+                    return {"seconds": max(timing.min_time(lambda: f([x], 1), x.device) for f in functions)}
+
+                known = timing.fastest(measure, known)
                 self.cache.put_json(key, known)
-                log.info("boo: an IREE call costs %.0f us beyond its work%s", known["seconds"] * 1e6, _under_load(known))
+                log.info("boo: an IREE call costs %.0f us beyond its work%s", known["seconds"] * 1e6,
+                         timing.under_load(known))
             self._floor = known["seconds"]
         return self._floor
 
@@ -425,7 +292,7 @@ def choose(graph: fx.GraphModule, mode: str, target: Target, cache: CompileCache
             log.debug("boo: timing %s failed (%s); it stays in IREE", node.target, e)
             continue
         split = _CALLS_PER_SPLIT * timings.floor()
-        if (abs(_MARGIN * t["iree_s"] - t["aten_s"] - split) < _CLOSE * t["aten_s"] and t["aten_s"] < _LONG_S
+        if (abs(_MARGIN * t["iree_s"] - t["aten_s"] - split) < _CLOSE * t["aten_s"] and t["aten_s"] < timing.LONG_S
                 and not t.get("rechecked")):
             try:
                 t = timings.again(node, t)

@@ -10,7 +10,7 @@ import torch
 import torch.nn as nn
 
 import boo_backend
-from boo_backend import extern
+from boo_backend import extern, timing
 from boo_backend.config import BooError, Options
 from boo_backend.runtime import IreeFunction
 from test_cache import _Layers
@@ -471,7 +471,7 @@ def test_a_timing_taken_under_load_is_taken_again_and_keeps_the_fastest(monkeypa
             pass
 
     monkeypatch.setattr(hostload, "Window", Window)
-    monkeypatch.setattr(extern, "_typical_times", lambda fns, device, scale=1, optional=0: [f() for f in fns] and next(times))
+    monkeypatch.setattr(timing, "typical_times", lambda fns, device, scale=1, optional=0: [f() for f in fns] and next(times))
     cache = CompileCache(tmp_path / "cache")
     timings = lambda: extern.Timings(cache, parse_target("llvm-cpu"), Options.resolve({}))
 
@@ -484,9 +484,9 @@ def test_a_timing_taken_under_load_is_taken_again_and_keeps_the_fastest(monkeypa
     # A machine never quiet: _ATTEMPTS tries, kept as not quiet; each later compile tries
     # again until _SAMPLES compiles have, then the entry is final.
     node = mm_node(72, 96, 88)  # a key of its own (the cache keeps entries in memory too)
-    loads = iter([1.0] * extern._ATTEMPTS * extern._SAMPLES)
-    times = iter([(5e-3, 4e-3)] * (extern._ATTEMPTS * extern._SAMPLES - 1) + [(3e-3, 4e-3)])
-    for sample in range(1, extern._SAMPLES + 1):
+    loads = iter([1.0] * timing.ATTEMPTS * timing.SAMPLES)
+    times = iter([(5e-3, 4e-3)] * (timing.ATTEMPTS * timing.SAMPLES - 1) + [(3e-3, 4e-3)])
+    for sample in range(1, timing.SAMPLES + 1):
         t = timings().of(node)
         assert t["samples"] == sample and not t["quiet"] and t["others"] == 1.0
     assert (t["aten_s"], t["iree_s"]) == (3e-3, 4e-3)
@@ -515,7 +515,7 @@ def test_timing_again_keeps_each_sides_fastest_once(monkeypatch, tmp_path):
     node = next(n for n in graph.graph.nodes if n.target is torch.ops.aten.mm.default)
     times = iter([(3.0e-3, 2.7e-3), (1.7e-3, 2.9e-3)])
     monkeypatch.setattr(hostload, "Window", Quiet)
-    monkeypatch.setattr(extern, "_typical_times", lambda fns, device, scale=1, optional=0: [f() for f in fns] and next(times))
+    monkeypatch.setattr(timing, "typical_times", lambda fns, device, scale=1, optional=0: [f() for f in fns] and next(times))
     cache = CompileCache(tmp_path / "cache")
     timings = lambda: extern.Timings(cache, parse_target("llvm-cpu"), Options.resolve({}))
     first = timings().of(node)
@@ -634,10 +634,10 @@ def test_other_drivers_are_timed_only_for_short_calls():
             time.sleep(seconds)
         return fn
 
-    times = extern._timed_rounds([counted("long", extern._SHORT_S * 1.5), counted("optional")], torch.device("cpu"),
+    times = timing.timed_rounds([counted("long", timing.SHORT_S * 1.5), counted("optional")], torch.device("cpu"),
                                  optional=1)
     assert calls["optional"] == 0 and times[1] == [] and len(times[0]) >= 1
-    times = extern._timed_rounds([counted("short"), counted("optional")], torch.device("cpu"), optional=1)
+    times = timing.timed_rounds([counted("short"), counted("optional")], torch.device("cpu"), optional=1)
     assert calls["optional"] == calls["short"] > 3 and len(times[1]) == calls["optional"] - 1
 
 
@@ -646,7 +646,7 @@ def test_each_iree_driver_is_timed_right_after_aten():
     OpenMP threads leave it, as in the step (not one driver after the other)."""
     order = []
     fns = [lambda name=name: order.append(name) for name in ("aten", "local-sync", "local-task")]
-    times = extern._timed_rounds(fns, torch.device("cpu"), optional=1)
+    times = timing.timed_rounds(fns, torch.device("cpu"), optional=1)
     timed = order[3:]  # after the warm-up calls
     assert len(timed) >= 12 and timed == ["aten", "local-sync", "aten", "local-task"] * (len(timed) // 4)
     assert len(times[0]) == len(times[1]) + len(times[2]) and len(times[1]) == len(times[2])
