@@ -3,8 +3,8 @@ composites' canonical forms, matching, the matmuls left to ATen, the cut into bl
 islands, lowering, compiling side by side, and loading (`Assembly`, which CompiledGraph in
 graph.py builds on; it keeps when to build and how calls are served).
 
-Imports blocks, extern, fusions, match, partition, lower, part, diagnose, embed, compile,
-runtime, cache and config from boo_backend.
+Imports blocks, extern, fusions, match, partition, lower, torch_import, part, diagnose, embed,
+compile, runtime, storage, verify, cache and config from boo_backend.
 """
 
 from __future__ import annotations
@@ -27,14 +27,15 @@ from .compile import (
 from .config import BooError
 from .diagnose import Unlowerable, failing_ops, unlinked_ops
 from .embed import mlir_op_name
-from .lower import Lowered, lower, unregistered_ops
-from .storage import placed_results, with_storage
+from .lower import Lowered, lower
 from .partition import (
     Plan, compute_nodes, decomposition_table, fold_empty, fold_known_sizes, moves_only, node_places,
     preparation_table, retrace, retrace_symbolic, split_independent, split_islands, wrong_in_iree,
 )
 from .part import IreePart
 from .runtime import ATEN, IreeFunction, OnAten
+from .storage import placed_results, with_storage
+from .torch_import import unregistered_ops
 from .verify import checkable, disagreement as disagreement_with
 
 log = logging.getLogger("boo_backend")

@@ -1,6 +1,6 @@
 """What a failed compile says: which ATen ops it names, and one line for a warning.
 
-Imports compile (for BooCompileError) and lower (for unregistered_ops) from boo_backend.
+Imports compile (for BooCompileError) and torch_import (for unregistered_ops) from boo_backend.
 """
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 
 from .compile import BooCompileError
-from .lower import unregistered_ops
+from .torch_import import unregistered_ops
 
 
 class Unlowerable(Exception):

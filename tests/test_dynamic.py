@@ -14,7 +14,7 @@ import torch
 import torch.nn as nn
 
 import boo_backend
-import boo_backend.lower
+import boo_backend.torch_import
 from util import assert_close
 
 # Batch and sequence sizes of the training loop: padding to each batch's longest sequence,
@@ -157,7 +157,7 @@ def test_ops_torch_mlir_lowers_wrongly_for_dynamic_sizes(fn, caplog):
 def test_wrong_dynamic_module_is_caught_on_its_first_call(monkeypatch, caplog):
     """Without the view rewrite, torch-mlir's module is wrong; the first call's check
     against eager catches it, warns, and the graph compiles per shape: still right."""
-    monkeypatch.setattr(boo_backend.lower, "_views_through_one_dim", lambda module: None)
+    monkeypatch.setattr(boo_backend.torch_import, "_views_through_one_dim", lambda module: None)
     monkeypatch.setenv("BOO_CACHE", "0")
     boo_backend.reset()
     caplog.set_level(logging.WARNING, logger="boo_backend")
@@ -172,7 +172,7 @@ def test_wrong_dynamic_module_is_caught_on_its_first_call(monkeypatch, caplog):
 def test_graph_that_fails_dynamically_is_compiled_per_shape(monkeypatch, caplog):
     """A graph whose dynamic lowering fails falls back to one module per shape, with a
     debug line, and stays right."""
-    real = boo_backend.lower.import_core
+    real = boo_backend.torch_import.import_core
 
     def refuse_symbolic(core):
         if any(isinstance(s, torch.SymInt) for n in core.graph.nodes
@@ -180,7 +180,7 @@ def test_graph_that_fails_dynamically_is_compiled_per_shape(monkeypatch, caplog)
             raise NotImplementedError("symbolic sizes refused by this test")
         return real(core)
 
-    monkeypatch.setattr(boo_backend.lower, "import_core", refuse_symbolic)
+    monkeypatch.setattr(boo_backend.torch_import, "import_core", refuse_symbolic)
     monkeypatch.setenv("BOO_CACHE", "0")
     boo_backend.reset()
     caplog.set_level(logging.DEBUG, logger="boo_backend")

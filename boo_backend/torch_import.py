@@ -1,0 +1,159 @@
+"""FX -> torch dialect: torch-mlir's FX importer on a graph's core (lower.build_core), with
+the symbol ranges of its sizes, the composite kernels it calls (embed), and boo's fixes to
+what the importer emits.
+
+Imports symbolic and embed from boo_backend.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+
+import sympy
+import torch
+import torch.fx as fx
+
+from . import symbolic
+from .embed import embed
+
+
+_OPERATOR = re.compile(r'torch\.operator "(torch\.[\w.]+)"')
+
+
+def unregistered_ops(mlir: str) -> list[str]:
+    """torch-mlir names of ops the importer could only emit as opaque `torch.operator`."""
+    return sorted(set(_OPERATOR.findall(mlir)))
+
+
+@functools.cache
+def _node_importer():
+    """torch-mlir's node importer, leaving out the shape bindings it cannot express: a size
+    such as (s79**2)//s79 has no affine form. A binding only adds facts; the `?` dims stay."""
+    from torch_mlir.extras.fx_importer import GraphNodeImporter
+
+    class _NodeImporter(GraphNodeImporter):
+        __slots__ = ()
+
+        def _create_bind_symbolic_shape_ops(self, loc, node):
+            try:
+                super()._create_bind_symbolic_shape_ops(loc, node)
+            except NotImplementedError:
+                pass
+
+    return _NodeImporter
+
+
+def _symbol_ranges(core: fx.GraphModule) -> dict[str, RangeConstraint]:
+    """The range of every symbol in `core`'s sizes, as the importer takes them."""
+    from torch_mlir.extras.fx_importer import RangeConstraint
+
+    used: set = set()
+    for node in core.graph.nodes:
+        val = node.meta.get("val")
+        if isinstance(val, torch.Tensor):
+            used.update(*(symbolic.expr(x).free_symbols for x in val.shape if isinstance(x, torch.SymInt)))
+        elif isinstance(val, torch.SymInt):
+            used.update(symbolic.expr(val).free_symbols)
+    if not used:
+        return {}
+    env = symbolic.shape_env(n.meta.get("val") for n in core.graph.nodes)
+    i64 = torch.iinfo(torch.int64)
+    ranges = {}
+    for sym in sorted(used, key=lambda s: s.name):
+        r = env.var_to_range.get(sym) if env is not None else None
+        lo = int(r.lower) if r is not None and isinstance(r.lower, sympy.Integer) else i64.min
+        hi = int(r.upper) if r is not None and isinstance(r.upper, sympy.Integer) else i64.max
+        ranges[sym.name] = RangeConstraint(lo, hi)
+    return ranges
+
+
+_VTENSOR = re.compile(r"!torch\.vtensor<\[([^\]]*)\],(.+)>")
+_VIEWS = ("torch.aten.view", "torch.aten._unsafe_view", "torch.aten.reshape")
+
+
+def _int_constant(value) -> int | None:
+    """The value of a `torch.constant.int`, or None for any other SSA value."""
+    owner = value.owner
+    if getattr(owner, "name", None) != "torch.constant.int":
+        return None
+    from torch_mlir import ir as tm_ir
+
+    return tm_ir.IntegerAttr(owner.attributes["value"]).value
+
+
+def _views_through_one_dim(module) -> None:
+    """Each view between tensors of two or more dims, one of them dynamic, goes through one
+    flat dim: x -> [-1] -> target. torch-mlir's view lowering pairs dynamic dims with the
+    wrong groups when several dims merge ([?, ?, 4, 8] -> [?, 32] came back [s0, s1*32],
+    values and all); collapsing to one dim and expanding that lowers right for every size."""
+    from torch_mlir import ir as tm_ir
+
+    with module.context, tm_ir.Location.unknown():
+        int_type, list_type = tm_ir.Type.parse("!torch.int"), tm_ir.Type.parse("!torch.list<int>")
+        for func in module.body.operations:
+            for op in list(func.regions[0].blocks[0].operations):
+                if op.operation.name not in _VIEWS:
+                    continue
+                source, result = _VTENSOR.fullmatch(str(op.operands[0].type)), _VTENSOR.fullmatch(str(op.results[0].type))
+                if not source or not result:
+                    continue
+                ranks = [len(m.group(1).split(",")) if m.group(1) else 0 for m in (source, result)]
+                if min(ranks) < 2 or "?" not in source.group(1) + result.group(1):
+                    continue
+                target = op.operands[1].owner
+                if target.name != "torch.prim.ListConstruct":
+                    continue
+                with tm_ir.InsertionPoint(op):
+                    def create(name, result, *operands, **attributes):
+                        return tm_ir.Operation.create(name, results=[result], operands=list(operands),
+                                                      attributes=attributes).result
+
+                    minus_one = create("torch.constant.int", int_type,
+                                       value=tm_ir.IntegerAttr.get(tm_ir.IntegerType.get_signless(64), -1))
+                    flat = create("torch.aten.view", tm_ir.Type.parse(f"!torch.vtensor<[?],{source.group(2)}>"),
+                                  op.operands[0], create("torch.prim.ListConstruct", list_type, minus_one))
+                    sizes = list(target.operands)
+                    inferred = [i for i, v in enumerate(sizes) if _int_constant(v) == -1]
+                    if inferred:  # from a flat dim, the lowering needs every size: numel // the rest
+                        known = None
+                        for i, v in enumerate(sizes):
+                            if i not in inferred:
+                                known = v if known is None else create("torch.aten.mul.int", int_type, known, v)
+                        numel = create("torch.aten.numel", int_type, flat)
+                        sizes[inferred[0]] = numel if known is None else create(
+                            "torch.aten.floordiv.int", int_type, numel, known)
+                    # The view's type gets every size the list fixes: from one dim, the lowering
+                    # gets a constant size wrong unless the type shows it too.
+                    dims = [d if d != "?" else str(c) if (c := _int_constant(v)) is not None else "?"
+                            for d, v in zip(result.group(1).split(","), sizes)]
+                    refined = tm_ir.Type.parse(f"!torch.vtensor<[{','.join(dims)}],{result.group(2)}>")
+                    new = create(op.operation.name, refined, flat, create("torch.prim.ListConstruct", list_type, *sizes))
+                    if refined != op.results[0].type:
+                        new = create("torch.tensor_static_info_cast", op.results[0].type, new)
+                op.results[0].replace_all_uses_with(new)
+                op.operation.erase()
+
+
+def import_core(core: fx.GraphModule) -> tuple[str, list[str]]:
+    """torch dialect text for `core`, with one public function `main` and the composite
+    kernels it calls; also the kernels' function names."""
+    from torch_mlir import ir as tm_ir
+    from torch_mlir.dialects import torch as torch_d
+    from torch_mlir.extras.fx_importer import FxImporter
+
+    context = tm_ir.Context()
+    torch_d.register_dialect(context)
+    importer = FxImporter(context=context)
+    importer._graph_node_importer_cls = _node_importer()
+    # Symbolic sizes become `?` dims; `torch.symbolic_int` declares each symbol with its range
+    # and `torch.bind_symbolic_shape` says how each tensor's sizes relate to them (s27*s77
+    # rows), which IREE turns into assumptions. The importer reads the ranges from an
+    # ExportedProgram only; a Dynamo graph's come from its ShapeEnv.
+    ranges = _symbol_ranges(core)
+    importer._cc._symbolic_guards = ranges
+    importer.import_stateless_graph(core.graph, func_name="main", import_symbolic_shape_expressions=bool(ranges))
+    module = importer.module
+    kernels = embed(module, core.graph)
+    _views_through_one_dim(module)
+    return str(module), kernels
