@@ -135,6 +135,41 @@ def _views_through_one_dim(module) -> None:
                 op.operation.erase()
 
 
+# A fill op (operands: what the empty tensor takes, then the value) -> the op that makes the
+# same tensor empty, and which of the fill's operands it takes.
+_FILLS = {
+    "torch.aten.full": ("torch.aten.empty.memory_format", (0, 2, 3, 4, 5, None)),
+    "torch.aten.full_like": ("torch.aten.empty_like", (0, 2, 3, 4, 5, 6)),
+}
+
+
+def _fills_as_splats(module) -> None:
+    """Each `full`/`full_like` of dynamic sizes becomes `fill.Scalar` of an empty tensor.
+    torch-mlir lowers `full` to a broadcast of a 0-d constant, which IREE 3.13 makes a
+    dispatch of its own when sizes are dynamic (a splat when they are static); two ops that
+    write into that one result in place (slice_scatter, index_put: a backward's zeros, which
+    IREE merges when equal) then write into one buffer, and each result holds both writes.
+    `fill.Scalar` lowers to linalg.fill, which IREE makes a splat for each use."""
+    from torch_mlir import ir as tm_ir
+
+    with module.context, tm_ir.Location.unknown():
+        for func in module.body.operations:
+            for op in list(func.regions[0].blocks[0].operations):
+                name = op.operation.name
+                if name not in _FILLS or "?" not in str(op.results[0].type):
+                    continue
+                empty_name, taken = _FILLS[name]
+                operands, result = list(op.operands), op.results[0].type
+                with tm_ir.InsertionPoint(op):
+                    none = tm_ir.Operation.create("torch.constant.none", results=[tm_ir.Type.parse("!torch.none")])
+                    empty = tm_ir.Operation.create(empty_name, results=[result], operands=[
+                        none.result if i is None else operands[i] for i in taken])
+                    filled = tm_ir.Operation.create("torch.aten.fill.Scalar", results=[result],
+                                                    operands=[empty.result, operands[1]])
+                op.results[0].replace_all_uses_with(filled.result)
+                op.operation.erase()
+
+
 def import_core(core: fx.GraphModule) -> tuple[str, list[str]]:
     """torch dialect text for `core`, with one public function `main` and the composite
     kernels it calls; also the kernels' function names."""
@@ -156,4 +191,5 @@ def import_core(core: fx.GraphModule) -> tuple[str, list[str]]:
     module = importer.module
     kernels = embed(module, core.graph)
     _views_through_one_dim(module)
+    _fills_as_splats(module)
     return str(module), kernels

@@ -146,3 +146,46 @@ def test_out_of_pool_copies_all_but_what_sits_in_an_argument():
     big = [packed[: 9 * 1000 * 1000], packed[9 * 1000 * 1000:]]
     out = memory.out_of_pool(list(big), [])
     assert all(o.data_ptr() != b.data_ptr() for o, b in zip(out, big))  # neither holds the other
+
+
+def _two_writes_into_zeros(x, index):
+    """A backward's shape: a slice and a scatter, each written into zeros of one shape."""
+    zeros = torch.ops.aten.full.default([x.shape[0], x.shape[1], 16], 0.0)
+    halves = torch.ops.aten.slice_scatter.default(zeros, x[..., 8:], 2, 0, 8)
+    scattered = torch.ops.aten.index_put.default(zeros, [None, None, index], x[..., :2] * 3, True)
+    return halves + scattered
+
+
+def _two_writes_worst_error(tmp_path) -> float:
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from boo_backend.lower import arguments, lower
+
+    index = torch.tensor([1, 3])
+    lowered = lower(make_fx(_two_writes_into_zeros, tracing_mode="symbolic")(torch.randn(5, 7, 16), index))
+    assert has_dynamic_dims(lowered.mlir)
+    target = parse_target("llvm-cpu")
+    vmfb = compile_mlir(lowered.mlir, target, CompileCache(tmp_path, enabled=False))
+    function = IreeFunction(vmfb, target, graph="two writes into zeros", driver="local-sync")
+    worst = 0.0
+    for length in LENGTHS:
+        x = torch.randn(3, length, 16, generator=torch.Generator().manual_seed(length))
+        (out,) = function(arguments(lowered.inputs, [x, index]), 1)
+        ref = _two_writes_into_zeros(x, index)
+        worst = max(worst, ((out - ref).abs().max() / ref.abs().max()).item())
+    return worst
+
+
+def test_two_writes_into_one_dynamic_fill_stay_apart(tmp_path):
+    """`full` of dynamic sizes is imported as fill.Scalar of an empty tensor, which IREE
+    makes a splat for each use (torch_import._fills_as_splats)."""
+    assert _two_writes_worst_error(tmp_path) < 1e-6
+
+
+@pytest.mark.xfail(strict=True, reason="IREE 3.13: a broadcast constant of dynamic sizes is one "
+                   "dispatch's result, and two ops that write into it in place share its buffer")
+def test_two_writes_into_one_dynamic_fill_as_torch_mlir_lowers_full(tmp_path, monkeypatch):
+    from boo_backend import torch_import
+
+    monkeypatch.setattr(torch_import, "_fills_as_splats", lambda module: None)
+    assert _two_writes_worst_error(tmp_path) < 1e-6
