@@ -86,3 +86,19 @@ def test_a_module_wrong_past_64_is_caught_at_that_size(monkeypatch, caplog):
             assert "disagrees" not in caplog.text
     assert "disagrees with eager PyTorch at sizes [2, 70, 70], [2, 70, 48]" in caplog.text
     assert not any(p.dynamic for p in boo_backend.placements())
+
+
+def test_a_float32_result_of_bfloat16_work_is_checked_at_bfloat16s_tolerance():
+    """Under autocast a graph returns float32 computed from bfloat16 matmuls: eager's own
+    rounding differs from IREE's by about 1e-2, which is no disagreement. A float32 graph at
+    the same difference is one."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    x, w = torch.randn(37, 64), torch.randn(64, 64)
+    mixed = make_fx(lambda x, w: (x.to(torch.bfloat16) @ w.to(torch.bfloat16)).float() + x)(x, w)
+    full = make_fx(lambda x, w: x @ w + x)(x, w)
+    for gm, verdict in ((mixed, None), (full, "differs")):
+        off = gm(x, w) * 1.01
+        said = verify.disagreement(gm, [x, w], [off])
+        assert said is None if verdict is None else verdict in said, said
+    assert "differs" in verify.disagreement(mixed, [x, w], [mixed(x, w) * 1.2])
