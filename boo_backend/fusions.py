@@ -20,16 +20,26 @@ dear: a new tensor of that size costs 55 ms of page faults on the AVX2 machines 
   that reads `out` and writes the gradient, where IREE wrote the zeros, the scatter and the
   product, then reduced them. GPT-2's [512, 50257] logits: 223 ms became 138 ms
   (iree-benchmark-module, AVX2). Static sizes, float32 and float64 only.
+- **A slice written into a constant** (`_pad_instead_of_scatter`): `slice_scatter(full(c),
+  src, dim, start, end)` with step 1 is `constant_pad_nd(src, ..., c)`: a slice's backward
+  (a rotary embedding's halves, a split's pieces). With a step (x[..., 1::2]: an interleaved
+  rotary embedding), `src` is first spread out by a where on a new dim of `step`. One pass
+  instead of a fill and a copy, and a workaround: with dynamic sizes IREE 3.13 got GPT-J's
+  backward (strided and whole-dim slice_scatters into zeros, 26 of them) wrong even with
+  each fill its own splat (torch_import._fills_as_splats); the cause in IREE is not isolated.
+  Any dtype, static or symbolic sizes.
 """
 
 from __future__ import annotations
 
 import copy
 import logging
+import operator
 
 import torch
 import torch.fx as fx
 from torch._guards import detect_fake_mode
+from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from .composites import same
 
@@ -61,6 +71,32 @@ def _is_zeros(node) -> bool:
         fill = _arg(node, 1, "fill_value")
         return isinstance(fill, (int, float)) and not isinstance(fill, bool) and fill == 0
     return False
+
+
+# Ops that make a tensor of one value: (index of the value among the args, or None for 0;
+# where the sizes come from: "sizes" (a list argument, args[0] or args[1] for new_*) or
+# "like" (the shape of args[0])).
+_FILLS = {
+    aten.full.default: (1, "sizes"),
+    aten.zeros.default: (None, "sizes"),
+    aten.full_like.default: (1, "like"),
+    aten.zeros_like.default: (None, "like"),
+    aten.new_zeros.default: (None, "new"),
+    aten.new_full.default: (2, "new"),
+}
+
+
+def _fill(node):
+    """(value, sizes) of a node that makes a tensor of one number: sizes a list of ints or
+    SymInt nodes, or None for a *_like node (its input's shape); None if `node` is no such node."""
+    if not isinstance(node, fx.Node) or node.op != "call_function" or node.target not in _FILLS:
+        return None
+    index, sizes = _FILLS[node.target]
+    value = 0 if index is None else _arg(node, index, "fill_value")
+    if not isinstance(value, (int, float)):  # bool is an int: a mask of one value
+        return None
+    listed = node.args[0] if sizes == "sizes" else node.args[1] if sizes == "new" else None
+    return value, listed
 
 
 def _insert(graph: fx.Graph, anchor: fx.Node, target, args: tuple, value, kwargs: dict | None = None) -> fx.Node:
@@ -161,14 +197,109 @@ def _cross_entropy_backward(graph: fx.Graph, node: fx.Node) -> bool:
     return True
 
 
-_REWRITES = (_accumulate_into, _cross_entropy_backward)
+def _size_node(graph: fx.Graph, anchor: fx.Node, listed, like: fx.Node, dim: int):
+    """The size of `dim` of a fill: an int, or a node whose value is that SymInt."""
+    return listed[dim] if listed is not None else _dim_size(graph, anchor, like, dim)
+
+
+def _arith(graph: fx.Graph, anchor: fx.Node, op, a, b):
+    """op(a, b) (operator.sub or mul) for ints or SymInt nodes: an int where both are (or the
+    SymInt is a constant), else a node whose value is the SymInt. Arithmetic adds no guard."""
+    if isinstance(b, int) and b == (0 if op is operator.sub else 1):
+        return a
+    value = op(_val(a), _val(b))
+    if isinstance(value, torch.SymInt) and value.node.maybe_as_int() is not None:
+        value = value.node.maybe_as_int()
+    if isinstance(value, int):
+        return value
+    return _insert(graph, anchor, op, (a, b), value)
+
+
+def _dim_size(graph: fx.Graph, anchor: fx.Node, tensor: fx.Node, dim: int):
+    value = _val(tensor).shape[dim]
+    return value if isinstance(value, int) else _insert(graph, anchor, aten.sym_size.int, (tensor, dim), value)
+
+
+def _spread(graph: fx.Graph, node: fx.Node, src: fx.Node, dim: int, step: int, length, value):
+    """`src` with step - 1 fills after each of its slices along `dim` but the last, and that
+    length ((length - 1) * step + 1): `src` given a dim of `step` after `dim` (its slice, then
+    fills: a `where` on a column mask), seen as one dim, less the fills after the last slice.
+    (A pad of a new dim of 1 would be shorter; torch-mlir's lowering rejects it.)"""
+    piece = _val(src)
+    mode = detect_fake_mode([piece])
+    if mode is None:
+        return None
+    sizes = [_dim_size(graph, node, src, i) for i in range(piece.dim())]
+    wide = sizes[:dim + 1] + [step] + sizes[dim + 1:]
+    sizes[dim] = _arith(graph, node, operator.mul, length, step)
+    end = _arith(graph, node, operator.sub, sizes[dim], step - 1)
+    trailing = [1] * (piece.dim() - 1 - dim)
+    with mode:  # the values: shapes only, made without a guard
+        column = aten.unsqueeze.default(piece, dim + 1)
+        iota = aten.arange.default(step, device=piece.device)
+        first = aten.eq.Scalar(iota, 0)
+        mask = aten.view.default(first, [step, *trailing])
+        spread = piece.new_empty([_val(n) for n in wide])
+        flat = piece.new_empty([_val(n) for n in sizes])
+        cut = flat.new_empty_strided([_val(n) if i != dim else _val(end) for i, n in enumerate(sizes)], flat.stride())
+    column_node = _insert(graph, node, aten.unsqueeze.default, (src, dim + 1), column)
+    iota_node = _insert(graph, node, aten.arange.default, (step,), iota, {"device": piece.device})
+    mask_node = _insert(graph, node, aten.view.default,
+                        (_insert(graph, node, aten.eq.Scalar, (iota_node, 0), first), [step, *trailing]), mask)
+    spread_node = _insert(graph, node, aten.where.ScalarOther, (mask_node, column_node, value), spread)
+    flat_node = _insert(graph, node, aten.view.default, (spread_node, sizes), flat)
+    return _insert(graph, node, aten.slice.Tensor, (flat_node, dim, 0, end), cut), end
+
+
+def _pad_instead_of_scatter(graph: fx.Graph, node: fx.Node) -> bool:
+    if node.target is not aten.slice_scatter.default or len(node.args) < 2:
+        return False
+    base, src = node.args[0], node.args[1]
+    dim, start, step = _arg(node, 2, "dim", 0), _arg(node, 3, "start", None), _arg(node, 5, "step", 1)
+    fill, out, piece = _fill(base), _val(node), _val(src)
+    if fill is None or not isinstance(dim, int) or not (isinstance(start, int) or start is None):
+        return False
+    if not (isinstance(out, torch.Tensor) and isinstance(piece, torch.Tensor) and out.dim() >= 1
+            and out.dtype == piece.dtype and piece.dim() == out.dim() and isinstance(step, int) and step >= 1):
+        return False
+    dim %= out.dim()
+    size, length = out.shape[dim], piece.shape[dim]
+    if step > 1 and not statically_known_true(length >= 1):
+        return False  # spread below needs a slice to end on
+    start = start or 0
+    if isinstance(size, int):
+        start = min(max(start + size if start < 0 else start, 0), size)
+    elif start < 0 and not isinstance(length, int):
+        return False  # from a symbolic end, of a symbolic length: the bounds may clamp
+    value, listed = fill
+    size_at = _size_node(graph, node, listed, base.args[0], dim)
+    if start < 0:  # from the end of a symbolic size, of a fixed length
+        start = _arith(graph, node, operator.sub, size_at, -start)
+    length = _dim_size(graph, node, src, dim)
+    if step > 1:
+        spread = _spread(graph, node, src, dim, step, length, value)
+        if spread is None:
+            return False
+        src, length = spread
+    right = _arith(graph, node, operator.sub, _arith(graph, node, operator.sub, size_at, start), length)
+    if isinstance(right, int) and right < 0:
+        return False
+    pad = [0, 0] * (out.dim() - 1 - dim) + [start, right]
+    result = _insert(graph, node, aten.constant_pad_nd.default, (src, pad, value), out)
+    node.replace_all_uses_with(result)
+    return True
+
+
+_REWRITES = (_accumulate_into, _cross_entropy_backward, _pad_instead_of_scatter)
+
+
+_ANCHORS = (aten.index_put.default, aten._log_softmax_backward_data.default, aten.slice_scatter.default)
 
 
 def apply(gm: fx.GraphModule) -> fx.GraphModule:
     """`gm`, or a rewritten copy of it where a chain above is found."""
     nodes = gm.graph.nodes
-    if not any(n.op == "call_function" and n.target in (aten.index_put.default, aten._log_softmax_backward_data.default)
-               for n in nodes):
+    if not any(n.op == "call_function" and n.target in _ANCHORS for n in nodes):
         return gm  # (copying a large graph to find nothing would cost more than the search)
     copied = fx.GraphModule(gm, copy.deepcopy(gm.graph))
     graph = copied.graph

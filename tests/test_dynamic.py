@@ -339,3 +339,29 @@ def test_rotary_attention_with_dynamic_sizes_trains_like_eager(pairs, monkeypatc
         close_to_scale(model.qkv.weight.grad, ref.qkv.weight.grad, f"qkv grad at {batch}x{length}")
     backward = [p for p in boo_backend.placements() if p.kind == "backward"]
     assert len(backward) == 1 and backward[0].dynamic, [p.line() for p in boo_backend.placements()]
+
+
+def test_gptj_partial_interleaved_rotary_with_dynamic_sizes_trains_like_eager(monkeypatch):
+    """GPT-J rotates pairs (x[..., ::2], x[..., 1::2]) of the first rotary_dim of each head:
+    its backward writes 26 slices into zeros. IREE got that module wrong with dynamic sizes
+    until fusions._pad_instead_of_scatter wrote them as pads. No check of boo's own
+    (BOO_VERIFY=off): the module's own gradients, at two lengths."""
+    pytest.importorskip("transformers")
+    from transformers import GPTJConfig, GPTJForCausalLM
+
+    monkeypatch.setenv("BOO_VERIFY", "off")
+    torch.manual_seed(0)
+    config = GPTJConfig(vocab_size=1031, n_embd=64, n_layer=1, n_head=4, rotary_dim=8, n_positions=256,
+                        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0)
+    model = GPTJForCausalLM(config).train()
+    ref = copy.deepcopy(model)
+    boo_backend.reset()
+    run = torch.compile(model, backend="boo", dynamic=True)
+    for batch, length in [(2, 37), (3, 70)]:
+        tokens = torch.randint(0, 1031, (batch, length), generator=torch.Generator().manual_seed(length))
+        for m, call in ((model, run), (ref, ref)):
+            m.zero_grad()
+            call(input_ids=tokens, labels=tokens).loss.backward()
+        for (name, ours), theirs in zip(model.named_parameters(), ref.parameters()):
+            close_to_scale(ours.grad, theirs.grad, f"{name} grad at {batch}x{length}")
+    assert all(p.dynamic for p in boo_backend.placements() if p.kind == "backward")

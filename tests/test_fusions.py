@@ -223,3 +223,37 @@ def test_cross_entropy_training_with_ignored_targets_matches_eager(reduction, ca
     assert any("fused the chains ending in _log_softmax_backward_data" in r.getMessage() for r in caplog.records)
     assert all(p.island == 0 for p in boo_backend.placements())
 
+
+def _halves_and_strides(x):
+    """Slice backwards (what AOTAutograd writes for x[..., 8:], x[..., ::2] and the like): pieces
+    written into one tensor of zeros, several times."""
+    z = torch.zeros_like(x)
+    out = aten.slice_scatter(z, x[..., 8:] * 2, -1, 0, 8) + aten.slice_scatter(z, -x[..., :8], -1, 8, 2**63 - 1)
+    out = out + aten.slice_scatter(z, x[..., 1::2], -1, 0, None, 2) - aten.slice_scatter(z, x[..., ::2], -1, 1, 16, 2)
+    full = aten.full.default(list(x.shape), 3, dtype=x.dtype)
+    odd = aten.slice_scatter(full, x[:, 1::2], 1, 1, None, 2)  # 7 rows, a step of 2
+    return out * 2 + aten.slice_scatter(full, x[:, 1:], 1, 0, -1) + aten.slice_scatter(full, x[:, -2:], 1, -2) + odd
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int64])
+def test_slices_written_into_a_fill_become_pads(dtype):
+    x = (torch.randn(3, 7, 16) * 5).to(dtype)
+    gm = _graph(_halves_and_strides, x)
+    fused = fusions.apply(gm)
+    assert fused is not gm and not _calls(fused, aten.slice_scatter.default), fused.code
+    assert len(_calls(fused, aten.constant_pad_nd.default)) == 7 and len(_calls(fused, aten.where.ScalarOther)) == 3
+    assert torch.equal(fused(x), _halves_and_strides(x))
+
+
+@pytest.mark.parametrize("case", ["into_a_tensor", "other_dtype", "symbolic_start"])
+def test_slices_written_elsewhere_are_left_alone(case):
+    if case == "into_a_tensor":
+        gm = _graph(lambda x, y: aten.slice_scatter(y, x[:, :2], 1, 0, 2), torch.randn(3, 5), torch.randn(3, 5))
+    elif case == "other_dtype":  # slice_scatter casts the slice; a pad would not
+        gm = _graph(lambda x: aten.slice_scatter(torch.zeros_like(x, dtype=torch.int64), x[:, :2], 1, 0, 2),
+                    torch.randn(3, 5))
+    else:  # a start the graph computes
+        gm = make_fx(lambda x, y: aten.slice_scatter(torch.zeros_like(x), y, 0, -x.shape[0] // 2),
+                     tracing_mode="symbolic")(torch.randn(6, 5), torch.randn(3, 5))
+    assert fusions.apply(gm) is gm
+
