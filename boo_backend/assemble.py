@@ -164,6 +164,9 @@ class Assembly:
         when `dynamic`, with the pre-lowering rewrites, the composites' canonical forms and
         the plan's FX-level decompositions."""
         decompositions, missing = decomposition_table(plan.decompose - plan.island)
+        if missing and dynamic:  # it is no island for want of a lowering at symbolic sizes only
+            raise NotDynamic(f"the compiler rejects {', '.join(sorted(missing))} with symbolic sizes, "
+                             "and it has no decomposition")
         plan.island |= missing
         table = preparation_table(self.gm, decompositions, match.canonical_table(self.opts))
         if (dynamic or not self.symbolic) and not any(n.target in table for n in compute_nodes(self.gm)):

@@ -193,6 +193,24 @@ def test_graph_that_fails_dynamically_is_compiled_per_shape(monkeypatch, caplog)
     assert len(boo_backend.placements()) == 3 and not any(p.dynamic for p in boo_backend.placements())
 
 
+def test_op_unlowerable_only_at_symbolic_sizes_compiles_per_shape_in_strict_mode(monkeypatch):
+    """torch-mlir rejects `h[arange(b), idx]` (index.Tensor) with symbolic sizes and has no
+    decomposition for it: the graph compiles per shape, where it lowers (CLIP's pooled
+    output), rather than keeping the op in an island, which strict mode refuses."""
+    monkeypatch.setenv("BOO_CACHE", "0")
+    boo_backend.reset()
+
+    def pooled(h, scores):
+        return h[torch.arange(h.shape[0]), scores.argmax(-1)] * 2
+
+    run = torch.compile(pooled, backend="boo", dynamic=True)
+    for b, s in [(2, 37), (3, 64), (5, 101)]:
+        h, scores = torch.randn(b, s, 64), torch.randn(b, s)
+        assert_close(run(h, scores), pooled(h, scores), f"at {(b, s)}")
+    placed = boo_backend.placements()
+    assert len(placed) == 3 and not any(p.dynamic or p.island for p in placed), [p.line() for p in placed]
+
+
 def test_graph_split_around_aten_matmuls_stays_dynamic(monkeypatch):
     """Sizes flow between IREE parts and ATen kernels of a split graph."""
     monkeypatch.setenv("BOO_ATEN_MATMUL", "always")
