@@ -272,6 +272,12 @@ def _pad_instead_of_scatter(graph: fx.Graph, node: fx.Node) -> bool:
     elif start < 0 and not isinstance(length, int):
         return False  # from a symbolic end, of a symbolic length: the bounds may clamp
     value, listed = fill
+    if out.dtype == torch.bool:  # the value as the result's kind of number: a where would promote
+        value = bool(value)
+    elif not out.is_floating_point():
+        if value != int(value):
+            return False
+        value = int(value)
     size_at = _size_node(graph, node, listed, base.args[0], dim)
     if start < 0:  # from the end of a symbolic size, of a fixed length
         start = _arith(graph, node, operator.sub, size_at, -start)

@@ -245,6 +245,21 @@ def test_slices_written_into_a_fill_become_pads(dtype):
     assert torch.equal(fused(x), _halves_and_strides(x))
 
 
+def _masks(x):
+    """Bool slices into fills of False and True (the fill's value stays a bool: a where with
+    an int would promote)."""
+    no, yes = torch.zeros_like(x), aten.full.default(list(x.shape), True, dtype=torch.bool)
+    return aten.slice_scatter(no, x[..., 1::2], -1, 0, None, 2) | aten.slice_scatter(yes, x[..., :8], -1, 8)
+
+
+def test_bool_slices_written_into_a_fill_become_pads():
+    x = torch.randn(3, 7, 16) > 0
+    fused = fusions.apply(_graph(_masks, x))
+    assert not _calls(fused, aten.slice_scatter.default), fused.code
+    out = fused(x)
+    assert out.dtype == torch.bool and torch.equal(out, _masks(x))
+
+
 @pytest.mark.parametrize("case", ["into_a_tensor", "other_dtype", "symbolic_start"])
 def test_slices_written_elsewhere_are_left_alone(case):
     if case == "into_a_tensor":
