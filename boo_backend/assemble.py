@@ -36,7 +36,7 @@ from .part import IreePart
 from .runtime import ATEN, IreeFunction, OnAten
 from .storage import placed_results, with_storage
 from .torch_import import unregistered_ops
-from .verify import checkable, disagreement as disagreement_with
+from .verify import checkable, computes_in_half, disagreement as disagreement_with
 
 log = logging.getLogger("boo_backend")
 
@@ -57,6 +57,7 @@ def _on_aten(core: fx.GraphModule, lowered: Lowered) -> OnAten | None:
         return None
     run = _aten_runner(core)
     dtypes = [getattr(torch, name) for name in lowered.result_dtypes]
+    half = computes_in_half(core)
 
     def disagreement(passed, ours):
         theirs = run(passed)
@@ -65,7 +66,7 @@ def _on_aten(core: fx.GraphModule, lowered: Lowered) -> OnAten | None:
             return f"{len(theirs)} results against IREE's {len(ours)}"
         if len(dtypes) == len(ours):
             ours = [o.view(d) if o.dtype != d and o.element_size() == d.itemsize else o for o, d in zip(ours, dtypes)]
-        return disagreement_with(lambda *_: theirs, passed, ours)
+        return disagreement_with(lambda *_: theirs, passed, ours, half)
 
     return OnAten(run, disagreement)
 

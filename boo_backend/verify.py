@@ -47,15 +47,17 @@ def checkable(gm: fx.GraphModule) -> bool:
     return not any(n.target._schema.is_mutable or _draws_random(n) for n in compute_nodes(gm))
 
 
-def disagreement(gm: fx.GraphModule, args: list, outputs) -> str | None:
+def disagreement(gm, args: list, outputs, half: bool | None = None) -> str | None:
     """How IREE's `outputs` for `args` differ from `gm` run in eager PyTorch, or None when they
     agree (`gm` must be checkable): same shapes and dtypes, the same integers, floats within
     a tolerance wide enough for a different order of summation, and for bf16's rounding
     wherever the graph computes in half precision (under autocast a float32 result carries
-    the rounding of the bfloat16 matmuls before it)."""
+    the rounding of the bfloat16 matmuls before it). `gm` is a graph, or any callable with
+    `half` saying whether its graph computes in half precision."""
     with torch.no_grad():
         expected = gm(*args)
-    half = _computes_in_half(gm)
+    if half is None:
+        half = computes_in_half(gm)
     ours = list(outputs) if isinstance(outputs, (tuple, list)) else [outputs]
     expected = list(expected) if isinstance(expected, (tuple, list)) else [expected]
     for i, (a, b) in enumerate(zip(ours, expected)):
@@ -82,7 +84,7 @@ def disagreement(gm: fx.GraphModule, args: list, outputs) -> str | None:
     return None
 
 
-def _computes_in_half(gm: fx.GraphModule) -> bool:
+def computes_in_half(gm: fx.GraphModule) -> bool:
     """Whether any value of `gm` is a float of 16 bits or fewer."""
     return any(isinstance(v := n.meta.get("val"), torch.Tensor) and v.is_floating_point() and v.element_size() < 4
                for n in gm.graph.nodes)
