@@ -61,18 +61,6 @@ def _only_user(node, user: fx.Node) -> bool:
     return isinstance(node, fx.Node) and list(node.users) == [user]
 
 
-def _is_zeros(node) -> bool:
-    """A node that makes a tensor of zeros (full, full_like, zeros, zeros_like)."""
-    if not isinstance(node, fx.Node) or node.op != "call_function":
-        return False
-    if node.target in (aten.zeros.default, aten.zeros_like.default):
-        return True
-    if node.target in (aten.full.default, aten.full_like.default):
-        fill = _arg(node, 1, "fill_value")
-        return isinstance(fill, (int, float)) and not isinstance(fill, bool) and fill == 0
-    return False
-
-
 # Ops that make a tensor of one value: (index of the value among the args, or None for 0;
 # where the sizes come from: "sizes" (a list argument, args[0] or args[1] for new_*) or
 # "like" (the shape of args[0])).
@@ -97,6 +85,12 @@ def _fill(node):
         return None
     listed = node.args[0] if sizes == "sizes" else node.args[1] if sizes == "new" else None
     return value, listed
+
+
+def _is_zeros(node) -> bool:
+    """A node that makes a tensor of zeros (_FILLS with the value 0)."""
+    fill = _fill(node)
+    return fill is not None and not isinstance(fill[0], bool) and fill[0] == 0
 
 
 def _insert(graph: fx.Graph, anchor: fx.Node, target, args: tuple, value, kwargs: dict | None = None) -> fx.Node:
@@ -197,11 +191,6 @@ def _cross_entropy_backward(graph: fx.Graph, node: fx.Node) -> bool:
     return True
 
 
-def _size_node(graph: fx.Graph, anchor: fx.Node, listed, like: fx.Node, dim: int):
-    """The size of `dim` of a fill: an int, or a node whose value is that SymInt."""
-    return listed[dim] if listed is not None else _dim_size(graph, anchor, like, dim)
-
-
 def _arith(graph: fx.Graph, anchor: fx.Node, op, a, b):
     """op(a, b) (operator.sub or mul) for ints or SymInt nodes: an int where both are (or the
     SymInt is a constant), else a node whose value is the SymInt. Arithmetic adds no guard."""
@@ -278,7 +267,7 @@ def _pad_instead_of_scatter(graph: fx.Graph, node: fx.Node) -> bool:
         if value != int(value):
             return False
         value = int(value)
-    size_at = _size_node(graph, node, listed, base.args[0], dim)
+    size_at = listed[dim] if listed is not None else _dim_size(graph, node, base.args[0], dim)
     if start < 0:  # from the end of a symbolic size, of a fixed length
         start = _arith(graph, node, operator.sub, size_at, -start)
     length = _dim_size(graph, node, src, dim)

@@ -82,6 +82,13 @@ def _int_constant(value) -> int | None:
     return tm_ir.IntegerAttr(owner.attributes["value"]).value
 
 
+def _create(name: str, result, *operands, **attributes):
+    """The result of a new op `name` (in the current context and insertion point)."""
+    from torch_mlir import ir as tm_ir
+
+    return tm_ir.Operation.create(name, results=[result], operands=list(operands), attributes=attributes).result
+
+
 def _views_through_one_dim(module) -> None:
     """Each view between tensors of two or more dims, one of them dynamic, goes through one
     flat dim: x -> [-1] -> target. torch-mlir's view lowering pairs dynamic dims with the
@@ -105,32 +112,28 @@ def _views_through_one_dim(module) -> None:
                 if target.name != "torch.prim.ListConstruct":
                     continue
                 with tm_ir.InsertionPoint(op):
-                    def create(name, result, *operands, **attributes):
-                        return tm_ir.Operation.create(name, results=[result], operands=list(operands),
-                                                      attributes=attributes).result
-
-                    minus_one = create("torch.constant.int", int_type,
-                                       value=tm_ir.IntegerAttr.get(tm_ir.IntegerType.get_signless(64), -1))
-                    flat = create("torch.aten.view", tm_ir.Type.parse(f"!torch.vtensor<[?],{source.group(2)}>"),
-                                  op.operands[0], create("torch.prim.ListConstruct", list_type, minus_one))
+                    minus_one = _create("torch.constant.int", int_type,
+                                        value=tm_ir.IntegerAttr.get(tm_ir.IntegerType.get_signless(64), -1))
+                    flat = _create("torch.aten.view", tm_ir.Type.parse(f"!torch.vtensor<[?],{source.group(2)}>"),
+                                   op.operands[0], _create("torch.prim.ListConstruct", list_type, minus_one))
                     sizes = list(target.operands)
                     inferred = [i for i, v in enumerate(sizes) if _int_constant(v) == -1]
                     if inferred:  # from a flat dim, the lowering needs every size: numel // the rest
                         known = None
                         for i, v in enumerate(sizes):
                             if i not in inferred:
-                                known = v if known is None else create("torch.aten.mul.int", int_type, known, v)
-                        numel = create("torch.aten.numel", int_type, flat)
-                        sizes[inferred[0]] = numel if known is None else create(
+                                known = v if known is None else _create("torch.aten.mul.int", int_type, known, v)
+                        numel = _create("torch.aten.numel", int_type, flat)
+                        sizes[inferred[0]] = numel if known is None else _create(
                             "torch.aten.floordiv.int", int_type, numel, known)
                     # The view's type gets every size the list fixes: from one dim, the lowering
                     # gets a constant size wrong unless the type shows it too.
                     dims = [d if d != "?" else str(c) if (c := _int_constant(v)) is not None else "?"
                             for d, v in zip(result.group(1).split(","), sizes)]
                     refined = tm_ir.Type.parse(f"!torch.vtensor<[{','.join(dims)}],{result.group(2)}>")
-                    new = create(op.operation.name, refined, flat, create("torch.prim.ListConstruct", list_type, *sizes))
+                    new = _create(op.operation.name, refined, flat, _create("torch.prim.ListConstruct", list_type, *sizes))
                     if refined != op.results[0].type:
-                        new = create("torch.tensor_static_info_cast", op.results[0].type, new)
+                        new = _create("torch.tensor_static_info_cast", op.results[0].type, new)
                 op.results[0].replace_all_uses_with(new)
                 op.operation.erase()
 
@@ -161,12 +164,10 @@ def _fills_as_splats(module) -> None:
                 empty_name, taken = _FILLS[name]
                 operands, result = list(op.operands), op.results[0].type
                 with tm_ir.InsertionPoint(op):
-                    none = tm_ir.Operation.create("torch.constant.none", results=[tm_ir.Type.parse("!torch.none")])
-                    empty = tm_ir.Operation.create(empty_name, results=[result], operands=[
-                        none.result if i is None else operands[i] for i in taken])
-                    filled = tm_ir.Operation.create("torch.aten.fill.Scalar", results=[result],
-                                                    operands=[empty.result, operands[1]])
-                op.results[0].replace_all_uses_with(filled.result)
+                    none = _create("torch.constant.none", tm_ir.Type.parse("!torch.none"))
+                    empty = _create(empty_name, result, *(none if i is None else operands[i] for i in taken))
+                    filled = _create("torch.aten.fill.Scalar", result, empty, operands[1])
+                op.results[0].replace_all_uses_with(filled)
                 op.operation.erase()
 
 
