@@ -13,7 +13,9 @@ import functools
 import logging
 import re
 import warnings
+import weakref
 
+import sympy
 import torch
 import torch.fx as fx
 
@@ -31,6 +33,10 @@ from .part import IreePart, donate
 from .placement import PLACEMENTS, Placement
 
 log = logging.getLogger("boo_backend")
+
+# Guards on sizes that boo's tracing added to a ShapeEnv once Dynamo had made its own, which
+# Dynamo therefore never checks (srepr text), by env: see CompiledGraph._conditions_of.
+_ADDED_GUARDS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 # Factory ops name their device; a module does not depend on it (all its buffers live on the
 # target), so a graph traced on CPU tensors and the same graph traced on CUDA ones share a
@@ -59,8 +65,11 @@ class CompiledGraph(Assembly):
 
     A graph with symbolic sizes first tries to compile once for all of them (`dynamic`):
     torch-mlir imports the sizes as `?` dims with their relations, and IREE compiles those.
-    The graph falls back to one module per concrete shape when that fails, or when making
-    it needed a guard on its sizes that Dynamo did not already check; a debug line says why.
+    The graph falls back to one module per concrete shape when that fails; a debug line says
+    why. Making the module may need a guard on the sizes that Dynamo does not check (boo's
+    retrace of attention compares the key and value lengths, which Dynamo holds as separate
+    symbols): the module then serves the calls whose sizes meet it (`_conditions`), and
+    another call compiles for its own shape.
     """
 
     def __init__(self, gm: fx.GraphModule, kind: str, opts: Options, name: str):
@@ -74,6 +83,7 @@ class CompiledGraph(Assembly):
         self.symbolic = is_symbolic(gm)
         self.dynamic = self.symbolic and opts.dynamic
         self._dynamic_runner = None
+        self._conditions: symbolic.Conditions | None = None  # what the dynamic module assumed
         self._verifier = Verifier(gm, opts.verify if self.dynamic else "off")
         self.cache = CompileCache(opts.cache_dir, opts.cache)
         self._runners: dict = {}
@@ -91,7 +101,8 @@ class CompiledGraph(Assembly):
             self._compile_only(list(args))
             return self.gm(*args)
         if self.dynamic:
-            if self._dynamic_runner is not None and not self._verifier.active:
+            if (self._dynamic_runner is not None and not self._verifier.active
+                    and (self._conditions is None or self._conditions.hold(args))):
                 return self._dynamic_runner(*args)
             outputs = self._call_dynamic(list(args))
             if outputs is not None:
@@ -141,6 +152,8 @@ class CompiledGraph(Assembly):
                 self.dynamic = False
                 return None
             runner = self._dynamic_runner = runner.forward if isinstance(runner, IreePart) else runner
+        if self._conditions is not None and not self._conditions.hold(args):
+            return None  # this call's sizes break an assumption of the module: its own shape
         key = self._verifier.wants(args)
         outputs = runner(*args)
         if key is None:
@@ -155,6 +168,29 @@ class CompiledGraph(Assembly):
             self._dynamic_runner = None
             return None
         return outputs
+
+    def _conditions_of(self, env) -> list[str]:
+        """The guards on sizes that boo's tracing added to `env` after Dynamo made its own, in
+        this build or an earlier one (the env reasons with them from then on: `s87` may be
+        replaced by `s94` everywhere), that this graph's sizes take part in: srepr text, to be
+        checked per call. NotDynamic when one reads a size that the graph's inputs do not give
+        as a bare dimension or SymInt, since no call could check it."""
+        where = self._where()
+        texts = []
+        for text in dict.fromkeys(_ADDED_GUARDS.get(env, ())):
+            names = symbolic.free_names(text)
+            if names and names <= where.keys():
+                texts.append(text)
+            elif names & where.keys():
+                raise NotDynamic(f"it would need guards Dynamo does not check: {symbolic.parse(text)}")
+        return texts
+
+    def _where(self) -> dict:
+        return symbolic.sources([n.meta.get("val") for n in self.gm.graph.nodes if n.op == "placeholder"],
+                                as_traced=True)
+
+    def _assume(self, texts: list[str]) -> None:
+        self._conditions = symbolic.Conditions(texts, self._where()) if texts else None
 
     def _shape_env(self):
         return symbolic.shape_env(n.meta.get("val") for n in self.gm.graph.nodes if n.op == "placeholder")
@@ -196,10 +232,12 @@ class CompiledGraph(Assembly):
         env = self._shape_env() if dynamic else None
         guards = len(env.guards) if env is not None else 0
         try:
-            runner, used, aten, island = self._assemble_until_placed(args, plan, dump, dynamic)
-            if env is not None and len(env.guards) > guards:
-                added = ", ".join(str(g.expr) for g in env.guards[guards:])
-                raise NotDynamic(f"it would need guards Dynamo does not check: {added}")
+            try:
+                runner, used, aten, island = self._assemble_until_placed(args, plan, dump, dynamic)
+            finally:  # whether or not it compiled: the env has them now
+                if env is not None and len(env.guards) > guards:
+                    _ADDED_GUARDS.setdefault(env, []).extend(sympy.srepr(g.expr) for g in env.guards[guards:])
+            conditions = self._conditions_of(env) if env is not None else []
         except (BooStrictError, NotDynamic):
             raise
         except Exception as e:  # anything the compiler stack throws that we cannot attribute
@@ -216,6 +254,8 @@ class CompiledGraph(Assembly):
             placement = Placement(name, self.kind, len(ops), 0, 0, len(ops), recovered=True)
             self._record(placement)
             return self.gm
+        if dynamic:
+            self._assume(conditions)
         self.cache.put_json(plan_key, plan.to_json())
         self._report_islands(plan, name)
         names = [mlir_op_name(n.target) for n in ops]
@@ -235,6 +275,7 @@ class CompiledGraph(Assembly):
         self._record(placement)
         # Skip all of this next time: one module, or the parts and the graph that calls them.
         extra = {k: v for k, v in dataclasses.asdict(placement).items() if k not in ("name", "drivers", "compile_only")}
+        extra["conditions"] = conditions
         if isinstance(runner, IreePart):
             extra["has_module"] = runner.function is not None
             self.cache.put(lowered_key, runner.lowered.to_bytes(extra))
@@ -267,6 +308,7 @@ class CompiledGraph(Assembly):
             else:
                 lowered, extra = Lowered.from_bytes(blob)
                 runner = part(lowered, extra.pop("has_module"), "module")
+            conditions = extra.pop("conditions", [])
             extra["island_ops"] = tuple(extra["island_ops"])
             extra["composite_names"] = tuple(tuple(c) for c in extra.get("composite_names", ()))
         except Exception as e:  # a stale or unreadable entry: build from scratch
@@ -275,6 +317,8 @@ class CompiledGraph(Assembly):
         self._report_islands(Plan(island=set(extra["island_ops"])), name)  # strict mode refuses them warm too
         compile_only = self._target(args).name if self.opts.compile_only else ""
         self._record(Placement(name=name, drivers=self._drivers, compile_only=compile_only, **extra))
+        if extra["dynamic"]:
+            self._assume(conditions)
         return runner
 
     def _record(self, placement: Placement) -> None:

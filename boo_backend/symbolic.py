@@ -80,7 +80,9 @@ def tensor_is_symbolic(t) -> bool:
 @functools.cache
 def _namespace() -> dict:
     names = {n: getattr(sympy, n) for n in ("Symbol", "Integer", "Rational", "Add", "Mul", "Pow",
-                                             "Max", "Min", "Mod", "floor", "ceiling", "true", "false")}
+                                             "Max", "Min", "Mod", "floor", "ceiling", "true", "false",
+                                             "Equality", "Unequality", "StrictLessThan", "LessThan",
+                                             "StrictGreaterThan", "GreaterThan", "And", "Or", "Not")}
     names.update({n: getattr(_torch_sympy, n) for n in dir(_torch_sympy)
                   if isinstance(getattr(_torch_sympy, n), type) and issubclass(getattr(_torch_sympy, n), sympy.Basic)})
     names["__builtins__"] = {}
@@ -92,18 +94,26 @@ def parse(source: str) -> sympy.Expr:
     return eval(source, _namespace())  # srepr text written by `text`
 
 
-def sources(values: list) -> dict[str, tuple[int, int | None]]:
+def sources(values: list, as_traced: bool = False) -> dict[str, tuple[int, int | None]]:
     """Where each symbol of a graph's inputs `values` (placeholder meta values) can be read on
     a call: name -> (input index, None) for a SymInt input, (input index, dim) for a tensor
-    dimension. Symbols that appear only inside larger expressions are left out."""
+    dimension. Symbols that appear only inside larger expressions are left out.
+
+    A size's symbol is the one the ShapeEnv would now write for it: after a guard
+    `Eq(s94, s87)` it writes s87 for both. `as_traced`: the symbol Dynamo gave the size
+    when it traced, before any such replacement, so that s94 and s87 are read separately."""
+    def symbol(size):
+        e = size.node._expr if as_traced else expr(size)
+        return e if isinstance(e, sympy.Symbol) else None
+
     found: dict[str, tuple[int, int | None]] = {}
     for i, v in enumerate(values):
-        if isinstance(v, torch.SymInt) and isinstance(expr(v), sympy.Symbol):
-            found.setdefault(expr(v).name, (i, None))
+        if isinstance(v, torch.SymInt) and symbol(v) is not None:
+            found.setdefault(symbol(v).name, (i, None))
         elif isinstance(v, torch.Tensor):
             for d, size in enumerate(v.shape):
-                if isinstance(size, torch.SymInt) and isinstance(expr(size), sympy.Symbol):
-                    found.setdefault(expr(size).name, (i, d))
+                if isinstance(size, torch.SymInt) and symbol(size) is not None:
+                    found.setdefault(symbol(size).name, (i, d))
     return found
 
 
@@ -121,14 +131,35 @@ class Sizes:
         """The symbols' values in this call, in a fixed order: what the expressions depend on."""
         return tuple(int(args[i]) if d is None else args[i].shape[d] for _, (i, d) in self.where)
 
-    def evaluate(self, sources_: list[str], key: tuple[int, ...]) -> list[int]:
+    def evaluate(self, sources_: list[str], key: tuple[int, ...]) -> list:
+        """The expressions' values at these sizes: ints, or bools for relations."""
         binding = {name: value for (name, _), value in zip(self.where, key)}
         out = []
         for source in sources_:
             e = parse(source)
             e = e.xreplace({s: binding[s.name] for s in e.free_symbols})
-            out.append(int(e))
+            out.append(bool(e) if isinstance(e, sympy.logic.boolalg.Boolean) else int(e))
         return out
+
+
+class Conditions:
+    """Relations among a graph's sizes (srepr text, `Eq(s94 + 1, s87 + 1)`) that a module
+    compiled for all sizes assumed, checked on each call's sizes: the answer is kept per
+    distinct set of the sizes they read, so a call pays a tuple and a dict lookup."""
+
+    def __init__(self, texts: list[str], where: dict[str, tuple[int, int | None]]):
+        self.texts = list(texts)
+        self.sizes = Sizes({name: where[name] for t in self.texts for name in free_names(t)})
+        self._known: dict[tuple[int, ...], bool] = {}
+
+    def hold(self, args) -> bool:
+        key = self.sizes.key(args)
+        known = self._known.get(key)
+        if known is None:
+            if len(self._known) >= 4096:  # a decode loop meets a new length every token
+                self._known.clear()
+            known = self._known[key] = all(self.sizes.evaluate(self.texts, key))
+        return known
 
 
 def placeholder_values(gm) -> list:

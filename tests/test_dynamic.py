@@ -383,3 +383,72 @@ def test_gptj_partial_interleaved_rotary_with_dynamic_sizes_trains_like_eager(mo
         for (name, ours), theirs in zip(model.named_parameters(), ref.parameters()):
             close_to_scale(ours.grad, theirs.grad, f"{name} grad at {batch}x{length}")
     assert all(p.dynamic for p in boo_backend.placements() if p.kind == "backward")
+
+
+def _decode_step(q, k_cache, v_cache, k_new, v_new):
+    """One token of a decode loop: the new key and value appended to their caches, which
+    Dynamo holds as two sizes (two symbols) once their length changes."""
+    k = torch.cat([k_cache, k_new], dim=2)
+    v = torch.cat([v_cache, v_new], dim=2)
+    return F.scaled_dot_product_attention(q, k, v) * 2, k, v
+
+
+def _decode_args(key_length, value_length):
+    g = torch.Generator().manual_seed(key_length)
+    return (torch.randn(2, 4, 1, 16, generator=g), torch.randn(2, 4, key_length, 16, generator=g),
+            torch.randn(2, 4, value_length, 16, generator=g), torch.randn(2, 4, 1, 16, generator=g),
+            torch.randn(2, 4, 1, 16, generator=g))
+
+
+def test_module_that_assumed_a_relation_of_sizes_serves_only_calls_that_meet_it(monkeypatch):
+    """boo's trace of attention compares the key and value lengths (a guard Dynamo, which
+    holds them as separate symbols, never checks). The module compiled under that guard
+    serves every call whose lengths are equal, one compile for all of them (it was one per
+    length, once), and a call whose lengths differ does not run it: it gets its own shape,
+    whose trace fails on the lengths (strict mode: an error; else the graph runs in eager)."""
+    monkeypatch.setenv("BOO_VERIFY", "off")
+    boo_backend.reset()
+    run = torch.compile(_decode_step, backend="boo")
+    compiles = None
+    for length in (37, 38, 70, 131, 45):  # the first is static; from 38 on, one dynamic module
+        args = _decode_args(length, length)
+        for ours, theirs in zip(run(*args), _decode_step(*args)):
+            assert_close(ours, theirs, f"length {length}")
+        if length == 38:
+            compiles = boo_backend.stats()["iree_compiles"]
+    assert boo_backend.stats()["iree_compiles"] == compiles, [p.line() for p in boo_backend.placements()]
+    assert [p.dynamic for p in boo_backend.placements()] == [False, True]
+    with pytest.raises(boo_backend.BooStrictError, match="failed to compile.*batch2"):
+        run(*_decode_args(40, 41))
+    # A warm start (the module from the disk cache, no trace to add the guard) keeps it.
+    torch._dynamo.reset()
+    boo_backend.reset()
+    run = torch.compile(_decode_step, backend="boo")
+    for length in (37, 38, 70):
+        args = _decode_args(length, length)
+        assert_close(run(*args)[0], _decode_step(*args)[0], f"length {length}, warm")
+    assert boo_backend.stats().get("iree_compiles", 0) == 0 and boo_backend.stats()["cache_hits_disk"] > 0
+    with pytest.raises(boo_backend.BooStrictError, match="failed to compile.*batch2"):
+        run(*_decode_args(40, 41))
+
+
+def test_generate_decodes_every_token_with_one_module(monkeypatch):
+    """Hugging Face generate() with its default dynamic cache: the prefill, the first decode
+    step, then one dynamic module for every later token (it compiled one per token, since
+    its key and value caches are two symbols; see the test above). Tokens as eager's."""
+    pytest.importorskip("transformers")
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    monkeypatch.setenv("BOO_VERIFY", "off")
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=1031, hidden_size=64, intermediate_size=160, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                         eos_token_id=None, pad_token_id=0)
+    model = LlamaForCausalLM(config).eval()
+    prompt = torch.randint(0, 1031, (2, 37), generator=torch.Generator().manual_seed(1))
+    expected = model.generate(prompt, max_new_tokens=8, do_sample=False)
+    boo_backend.reset()
+    model.forward = torch.compile(model.forward, backend="boo")
+    assert torch.equal(model.generate(prompt, max_new_tokens=8, do_sample=False), expected)
+    placed = boo_backend.placements()
+    assert len(placed) == 3 and placed[-1].dynamic, [p.line() for p in placed]

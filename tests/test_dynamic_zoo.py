@@ -6,7 +6,10 @@ own choice among SIZES, so that every size is covered by several models.
 
 A dynamic module that is right at its first size and wrong at another is the bug this file
 is for (GPT-2 and Llama attention past length 64, once): every size is compared, and the
-failures of a model are reported together.
+failures of a model are reported together. boo's own check of dynamic modules is off
+(BOO_VERIFY=off): with it, a wrong module falls back to compiles per shape and the numbers
+come out right, so the test would pass over the very bug it is for (wrong gradients of every
+rotary-embedding model, once).
 """
 
 import copy
@@ -85,6 +88,11 @@ TRAINED = [n for i, n in enumerate(MODELS) if i % 2 == 0 or n in ("gpt2", "llama
 INFERRED = [n for n in MODELS if n not in TRAINED or n in ("gpt2", "llama")]
 if os.environ.get("BOO_DYNAMIC_ZOO") == "all":
     TRAINED = INFERRED = list(MODELS)
+
+
+@pytest.fixture(autouse=True)
+def _no_check_of_boos_own(monkeypatch):
+    monkeypatch.setenv("BOO_VERIFY", "off")
 
 
 @pytest.mark.parametrize("name", INFERRED)
