@@ -30,7 +30,7 @@ from .embed import mlir_op_name
 from .lower import Lowered, lower
 from .partition import (
     Plan, compute_nodes, decomposition_table, fold_empty, fold_known_sizes, moves_only, node_places,
-    preparation_table, retrace, retrace_symbolic, split_independent, split_islands, wrong_in_iree,
+    preparation_table, retrace, retrace_symbolic, sorts_apart, split_independent, split_islands, wrong_in_iree,
 )
 from .part import IreePart
 from .runtime import ATEN, IreeFunction, OnAten
@@ -195,6 +195,7 @@ class Assembly:
             call = node.meta.pop(match.META_KEY, None)
             if call is not None:
                 composites.remove(call.entry.name)
+        extern_nodes |= sorts_apart(graph)
         extern_nodes = extern.fold_adds(graph, extern_nodes)
         places = node_places(graph, plan, extern_nodes)
         aten = sum(p == "aten" and n.target is not operator.getitem for n, p in places.items())

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import io
 import logging
+import operator
 import pickle
 
 import torch
@@ -30,8 +31,10 @@ class Lowered:
 
     mlir: str
     core: fx.GraphModule | None  # None when loaded from the cache
-    # Per IREE argument: ("arg", index into the graph's inputs), ("const", tensor), or
-    # ("permuted", (index, order)): the input permuted by `order` (see _dense_order).
+    # Per IREE argument: ("arg", index into the graph's inputs), ("const", tensor),
+    # ("permuted", (index, order)): the input permuted by `order` (see _dense_order), or
+    # ("size", text): a size the graph computes that IREE is not given to (see _ON_HOST),
+    # evaluated per call from the inputs' sizes.
     inputs: list[tuple]
     # Per graph output: ("arg", i), ("result", j), ("value", python_value), ("size", text):
     # a SymInt the graph returns, as a symbolic.text expression of its inputs' sizes, or
@@ -151,9 +154,29 @@ def _inverse(order) -> list[int]:
     return sorted(range(len(order)), key=order.__getitem__)
 
 
-def arguments(inputs: list[tuple], args) -> list:
-    """IREE's arguments for one call: `inputs` (Lowered.inputs) taken from the graph's `args`."""
-    return [args[v] if k == "arg" else args[v[0]].permute(v[1]) if k == "permuted" else v for k, v in inputs]
+def arguments(inputs: list[tuple], args, sizes: dict | None = None) -> list:
+    """IREE's arguments for one call: `inputs` (Lowered.inputs) taken from the graph's `args`,
+    and `sizes`, the values of the call's symbolic sizes (text -> int)."""
+    return [args[v] if k == "arg" else args[v[0]].permute(v[1]) if k == "permuted" else sizes[v] if k == "size"
+            else v for k, v in inputs]
+
+
+# Arithmetic on sizes that torch-mlir imports as it means: the rest (`%`, which it imports as
+# fmod and then cannot lower, `max`, `min`: sym_max and sym_min, which it does not import)
+# is computed on the host, and the module takes the result as an argument. Without that,
+# a graph that pads a length to a multiple (`(-n) % 8`) or takes TF's `same` padding
+# (`max(k - n % s, 0)`) compiled once per shape.
+_IMPORTED_SIZE_OPS = frozenset({
+    torch.ops.aten.sym_size.int, torch.ops.aten.sym_size.default, torch.ops.aten.sym_stride.int,
+    torch.ops.aten.sym_stride.default, torch.ops.aten.sym_numel.default, operator.add, operator.sub, operator.mul, operator.floordiv, operator.neg,
+})
+
+
+def _on_host(node: fx.Node) -> bool:
+    """A size the module is given rather than computes (see _IMPORTED_SIZE_OPS)."""
+    val = node.meta.get("val")
+    return (node.op == "call_function" and isinstance(val, torch.SymInt) and not symbolic.is_static(val)
+            and node.target not in _IMPORTED_SIZE_OPS)
 
 
 def build_core(gm: fx.GraphModule) -> tuple[fx.GraphModule, list, list, list, bool]:
@@ -192,6 +215,13 @@ def build_core(gm: fx.GraphModule) -> tuple[fx.GraphModule, list, list, list, bo
             env[node].meta = dict(node.meta)
             env[node].meta.setdefault("val", value)
             inputs.append(("const", value))
+        elif _on_host(node):
+            # A placeholder after the last one so far: placeholders keep the order of `inputs`.
+            last = [n for n in graph.nodes if n.op == "placeholder"]
+            with graph.inserting_after(last[-1]) if last else graph.inserting_before(None):
+                env[node] = graph.placeholder(node.name)
+            env[node].meta = dict(node.meta)
+            inputs.append(("size", symbolic.text(node.meta["val"])))
         elif node.op == "call_function":
             env[node] = graph.node_copy(node, lambda n: env[n])
         elif node.op != "output":
@@ -264,10 +294,11 @@ def output_texts(outputs: list) -> list[str]:
     return texts
 
 
-def _symbols(gm: fx.GraphModule, outputs: list, layouts: list) -> dict:
-    """symbolic.sources of `gm`'s inputs, when its outputs' sizes are symbolic; a BooError
+def _symbols(gm: fx.GraphModule, inputs: list, outputs: list, layouts: list) -> dict:
+    """symbolic.sources of `gm`'s inputs, when its outputs' sizes (or sizes computed for the
+    module: `inputs`) are symbolic; a BooError
     when a symbol they need cannot be read from the inputs."""
-    texts = output_texts(outputs)
+    texts = output_texts(outputs) + [v for k, v in inputs if k == "size"]
     texts += [x for shape, stride in layouts if stride for x in (*shape, *stride) if isinstance(x, str)]
     if not texts:
         return {}
@@ -321,7 +352,7 @@ def written_inputs(core: fx.GraphModule) -> tuple[int, ...]:
 
 def lower(gm: fx.GraphModule) -> Lowered:
     core, inputs, outputs, layouts, tuple_output = build_core(gm)
-    symbols = _symbols(gm, outputs, layouts)
+    symbols = _symbols(gm, inputs, outputs, layouts)
     text, kernels = torch_import.import_core(core)
     out = next(n for n in core.graph.nodes if n.op == "output").args[0]
     dtypes = [str(r.meta["val"].dtype).removeprefix("torch.") for r in out]

@@ -77,7 +77,7 @@ class IreePart(torch.nn.Module):
                 self._symbolic_layouts.append((j, shape, stride))
             elif not _is_row_major(shape, stride):
                 self.restride.append((j, shape, stride))
-        self._texts = output_texts(lowered.outputs) + [
+        self._texts = output_texts(lowered.outputs) + [v for k, v in lowered.inputs if k == "size"] + [
             x for _, shape, stride in self._symbolic_layouts for x in (*shape, *stride) if isinstance(x, str)
         ]
         self._sizes = symbolic.Sizes(lowered.symbols) if lowered.symbols else None
@@ -126,7 +126,7 @@ class IreePart(torch.nn.Module):
         restride, sizes = self._concrete(args) if self._sizes else ((), {})
         if self.function is not None:
             inputs = self._inputs_for(args) if self._consts_moved else low.inputs
-            tensors = arguments(inputs, args)
+            tensors = arguments(inputs, args, sizes)
             results = self.function(tensors, len(low.result_layouts), donated)
             for j, dtype in self.retype:
                 results[j] = results[j].view(dtype)

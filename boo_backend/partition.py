@@ -20,6 +20,7 @@ import torch
 import torch.fx as fx
 import torch.fx.traceback as fx_traceback
 from torch._decomp import get_decompositions
+from torch._dispatch.python import enable_python_dispatcher
 from torch._guards import detect_fake_mode
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.fx.experimental.symbolic_shapes import statically_known_true
@@ -74,7 +75,9 @@ def retrace_symbolic(gm: fx.GraphModule, decompositions: dict | None = None) -> 
     symbolic, and ops in `decompositions` are replaced by their decompositions."""
     values = symbolic.placeholder_values(gm)
     fake_mode = detect_fake_mode(values)
-    with fake_mode, fx_traceback.preserve_node_meta():
+    # Under the Python dispatcher, as AOTAutograd traced it: ops whose C++ kernels take only
+    # concrete sizes (constant_pad_nd's) then run their Python meta with symbolic ones.
+    with fake_mode, enable_python_dispatcher(), fx_traceback.preserve_node_meta():
         return make_fx(_interpreted(gm), decomposition_table=decompositions or {}, tracing_mode="real")(*values)
 
 
@@ -291,6 +294,20 @@ _BOOL_WRONG = frozenset({
 # Ops whose lowering is wrong for every dtype: logcumsumexp adds exp(x) without taking out the
 # running maximum, so it overflows to inf where eager does not.
 _ALWAYS_WRONG = frozenset({aten.logcumsumexp.default})
+
+
+# Ops that torch-mlir lowers to an in-place sort of the values and of an iota of indices.
+_SORTS = frozenset({aten.sort.default, aten.sort.stable, aten.topk.default})
+
+
+def sorts_apart(gm: fx.GraphModule) -> set[fx.Node]:
+    """The sorts of a graph to run as ATen kernels: all but the first. IREE 3.13 makes one
+    iota of indices for two sorts of the same shape and sorts it in place twice, so the
+    indices of both came out permuted by the other's order (the experts that a
+    mixture-of-experts model's second layer chose, say). One per module is right
+    (tests/test_iree_workarounds.py)."""
+    sorts = [n for n in gm.graph.nodes if n.op == "call_function" and n.target in _SORTS]
+    return set(sorts[1:])
 
 
 def wrong_in_iree(node: fx.Node) -> bool:

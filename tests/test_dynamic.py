@@ -452,3 +452,73 @@ def test_generate_decodes_every_token_with_one_module(monkeypatch):
     assert torch.equal(model.generate(prompt, max_new_tokens=8, do_sample=False), expected)
     placed = boo_backend.placements()
     assert len(placed) == 3 and placed[-1].dynamic, [p.line() for p in placed]
+
+
+def _pad_to_multiple(x):
+    """Sizes computed with `%` and `max`, which torch-mlir does not import as Python means
+    them (fmod; no sym_max): boo computes them on the host and passes them in."""
+    length = x.shape[1]
+    y = F.pad(x, (0, 0, 0, (-length) % 8))
+    extra = max(3 - length % 2, 0)
+    return y.reshape(x.shape[0], -1, 8, x.shape[2]).sum(2) * 2, F.pad(x, (extra, 1)) + length % 5
+
+
+def test_sizes_computed_with_mod_and_max_serve_every_size_with_one_module(monkeypatch):
+    monkeypatch.setenv("BOO_VERIFY", "off")
+    boo_backend.reset()
+    run = torch.compile(_pad_to_multiple, backend="boo", dynamic=True)
+    for length in (37, 70, 131, 45, 64):
+        x = torch.randn(2, length, 4, generator=torch.Generator().manual_seed(length))
+        for ours, theirs in zip(run(x), _pad_to_multiple(x)):
+            assert ours.shape == theirs.shape
+            assert_close(ours, theirs, f"length {length}")
+    placed = boo_backend.placements()
+    assert len(placed) == 1 and placed[0].dynamic, [p.line() for p in placed]
+
+
+class _SamePadding(nn.Module):
+    """TensorFlow's `same` padding as Hugging Face's MobileNets write it: pads computed from
+    the input's size (int(), %, max) before each strided or depthwise convolution."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Conv2d(3, 8, 3, stride=2)
+        self.depthwise = nn.Conv2d(8, 8, 3, stride=2, groups=8)
+        self.norm = nn.BatchNorm2d(8)
+
+    @staticmethod
+    def _same(x, conv):
+        pads = []
+        for size, k, s in zip((int(x.shape[-1]), int(x.shape[-2])), conv.kernel_size[::-1], conv.stride[::-1]):
+            total = max(k - s, 0) if size % s == 0 else max(k - size % s, 0)
+            pads += [total // 2, total - total // 2]
+        return conv(F.pad(x, pads))
+
+    def forward(self, x):
+        h = F.relu6(self.norm(self._same(x, self.stem)))
+        return self._same(h, self.depthwise).mean()
+
+
+def test_same_padding_convolutions_train_with_one_module_per_graph(monkeypatch, caplog):
+    """The retrace runs under the Python dispatcher, as AOTAutograd's trace did: pads of
+    symbolic sizes reach constant_pad_nd's Python meta, not its C++ kernel, which takes only
+    concrete sizes. Before, torch logged that failure as an error (with a traceback) and
+    the graph compiled per shape, and the backward's convolution_backward too."""
+    monkeypatch.setenv("BOO_VERIFY", "off")
+    torch.manual_seed(0)
+    model, ref = _SamePadding(), _SamePadding()
+    ref.load_state_dict(model.state_dict())
+    boo_backend.reset()
+    run = torch.compile(model, backend="boo", dynamic=True)
+    with caplog.at_level(logging.ERROR):
+        for batch, side in [(2, 33), (3, 48), (2, 57)]:
+            x = torch.randn(batch, 3, side, side, generator=torch.Generator().manual_seed(side))
+            for m, call in ((model, run), (ref, ref)):
+                m.zero_grad()
+                call(x).backward()
+            for (name, ours), theirs in zip(model.named_parameters(), ref.parameters()):
+                close_to_scale(ours.grad, theirs.grad, f"{name} grad at {batch}x{side}")
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR], [r.getMessage()[:200] for r in caplog.records]
+    placed = boo_backend.placements()
+    assert {p.kind for p in placed} == {"forward", "backward"} and all(p.dynamic for p in placed), \
+        [p.line() for p in placed]

@@ -189,3 +189,55 @@ def test_two_writes_into_one_dynamic_fill_as_torch_mlir_lowers_full(tmp_path, mo
 
     monkeypatch.setattr(torch_import, "_fills_as_splats", lambda module: None)
     assert _two_writes_worst_error(tmp_path) < 1e-6
+
+
+def _two_sorts(a, b):
+    """Two sorts of one shape: each gives the indices of its own order."""
+    return torch.ops.aten.sort.default(a, -1)[1], torch.ops.aten.sort.default(b * 3, -1)[1]
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+@pytest.mark.xfail(strict=True, reason="IREE 3.13: two sorts of one shape sort one iota of indices in place")
+def test_two_sorts_in_one_module(dynamic, tmp_path):
+    """The raw repro: one module with both sorts (boo runs all but the first of a graph's
+    sorts in ATen: partition.sorts_apart)."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from boo_backend.lower import arguments, lower
+
+    a, b = torch.randn(37, 5), torch.randn(37, 5)
+    lowered = lower(make_fx(_two_sorts, tracing_mode="symbolic" if dynamic else "real")(a, b))
+    assert has_dynamic_dims(lowered.mlir) == dynamic
+    target = parse_target("llvm-cpu")
+    vmfb = compile_mlir(lowered.mlir, target, CompileCache(tmp_path, enabled=False))
+    function = IreeFunction(vmfb, target, graph="two sorts", driver="local-sync")
+    for ours, theirs in zip(function(arguments(lowered.inputs, [a, b]), 2), _two_sorts(a, b)):
+        assert torch.equal(ours, theirs)
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_sorts_of_one_shape_in_one_graph_give_their_own_indices(dynamic, monkeypatch):
+    """Through boo: the graph's second sort runs in ATen, and each sort's indices are its own.
+    The routers of a mixture-of-experts model with two layers (topk over the experts in
+    each) chose the first layer's experts in the second, with dynamic shapes."""
+    import boo_backend
+
+    monkeypatch.setenv("BOO_VERIFY", "off")
+
+    def route(a, b, c):
+        first = torch.topk(a.softmax(-1), 2, dim=-1)
+        second = torch.topk((b * 3).softmax(-1), 2, dim=-1)
+        return first.values, first.indices, second.values, second.indices, c.argsort(-1)
+
+    boo_backend.reset()
+    run = torch.compile(route, backend="boo", dynamic=dynamic)
+    for n in (37, 70, 131):
+        g = torch.Generator().manual_seed(n)
+        args = [torch.randn(n, 5, generator=g) for _ in range(3)]
+        ours, theirs = run(*args), route(*args)
+        for i in (1, 3, 4):
+            assert torch.equal(ours[i], theirs[i]), f"indices {i} at {n}"
+        for i in (0, 2):
+            torch.testing.assert_close(ours[i], theirs[i])
+    placed = boo_backend.placements()
+    assert all(p.aten == 2 and p.dynamic == dynamic for p in placed), [p.line() for p in placed]
