@@ -522,3 +522,40 @@ def test_same_padding_convolutions_train_with_one_module_per_graph(monkeypatch, 
     placed = boo_backend.placements()
     assert {p.kind for p in placed} == {"forward", "backward"} and all(p.dynamic for p in placed), \
         [p.line() for p in placed]
+
+
+class _NegativePad(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = nn.Linear(16, 16)
+
+    def forward(self, x):
+        return F.pad(self.linear(x), (0, 0, 3, -2))
+
+
+def test_backward_built_after_its_forward_added_guards_serves_only_sizes_that_meet_them(monkeypatch):
+    """Guards that a forward's retrace adds stay in the ShapeEnv that its backward shares:
+    once `Eq(s77, 2)` is there, the backward's sizes simplify to constants, and its module
+    fits the first call's sizes only. It was kept as the module for every size, and the next
+    size crashed in IREE (or, where the sizes had fit, computed on wrong ones). The guards
+    are now the conditions of every module built after them (CompiledGraph._conditions_of).
+    Retraced without the Python dispatcher, this forward's retrace adds such guards."""
+    import contextlib
+
+    import boo_backend.partition
+
+    monkeypatch.setattr(boo_backend.partition, "enable_python_dispatcher", contextlib.nullcontext)
+    monkeypatch.setenv("BOO_VERIFY", "off")
+    torch.manual_seed(0)
+    model, ref = _NegativePad(), _NegativePad()
+    ref.load_state_dict(model.state_dict())
+    boo_backend.reset()
+    run = torch.compile(model, backend="boo", dynamic=True)
+    for batch, length in [(2, 37), (3, 101), (2, 70)]:
+        x = torch.randn(batch, length, 16, generator=torch.Generator().manual_seed(length))
+        weight = torch.randn(batch, length + 1, 16, generator=torch.Generator().manual_seed(1))
+        for m, call in ((model, run), (ref, ref)):
+            m.zero_grad()
+            (call(x) * weight).sum().backward()
+        close_to_scale(model.linear.weight.grad, ref.linear.weight.grad, f"grad at {batch}x{length}")
+    assert boo_backend.stats()["iree_compiles"] > 2  # the later sizes compiled their own shapes
