@@ -141,20 +141,47 @@ def fold_empty(gm: fx.GraphModule) -> fx.GraphModule:
     if not empty:
         return gm
     gm = fx.GraphModule(gm, copy.deepcopy(gm.graph))
+    sizes = _size_readers(gm)
     for node in compute_nodes(gm):
         val = node.meta.get("val")
         if not _is_empty(val) or node.target is aten.full.default:
             continue
+        shape = [d if isinstance(d, int) else sizes.get(symbolic.expr(d)) for d in val.shape]
+        if None in shape:  # a symbolic size no input gives as it is: the op stays
+            continue
         with gm.graph.inserting_before(node):
-            full = gm.graph.call_function(
-                aten.full.default, (list(val.shape), 0), {"dtype": val.dtype, "device": val.device}
-            )
+            shape = [d(gm.graph) if callable(d) else d for d in shape]
+            full = gm.graph.call_function(aten.full.default, (shape, 0), {"dtype": val.dtype, "device": val.device})
         full.meta = dict(node.meta)
         node.replace_all_uses_with(full)
         gm.graph.erase_node(node)
     gm.graph.eliminate_dead_code()
     gm.recompile()
     return gm
+
+
+def _size_readers(gm: fx.GraphModule) -> dict:
+    """For each symbol that a graph input gives as it is (a SymInt input, or a tensor input's
+    dim): a function that makes a node of its value at the graph's insertion point."""
+    readers: dict = {}
+    for node in gm.graph.nodes:
+        if node.op != "placeholder":
+            continue
+        val = node.meta.get("val")
+        if isinstance(val, torch.SymInt):
+            readers.setdefault(symbolic.expr(val), lambda graph, node=node: node)
+        elif isinstance(val, torch.Tensor):
+            for d, size in enumerate(val.shape):
+                if isinstance(size, torch.SymInt):
+                    readers.setdefault(symbolic.expr(size), lambda graph, node=node, d=d, size=size: _sym_size(
+                        graph, node, d, size))
+    return readers
+
+
+def _sym_size(graph: fx.Graph, tensor: fx.Node, dim: int, size) -> fx.Node:
+    read = graph.call_function(aten.sym_size.int, (tensor, dim))
+    read.meta["val"] = size
+    return read
 
 
 def _values(node: fx.Node) -> tuple[tuple, dict]:

@@ -559,3 +559,30 @@ def test_backward_built_after_its_forward_added_guards_serves_only_sizes_that_me
             (call(x) * weight).sum().backward()
         close_to_scale(model.linear.weight.grad, ref.linear.weight.grad, f"grad at {batch}x{length}")
     assert boo_backend.stats()["iree_compiles"] > 2  # the later sizes compiled their own shapes
+
+
+def _with_an_empty_slice(x):
+    empty = x[:, :0] * 3
+    return torch.cat([x, empty], 1) * 2, empty.sum(1), empty
+
+
+def test_empty_results_of_symbolic_sizes_fold_without_raw_sizes_in_the_graph(monkeypatch):
+    """An op whose result is empty is folded to `full` of its shape (partition.fold_empty);
+    with dynamic shapes, its symbolic sizes are read from the inputs as nodes. They were put
+    in the graph as SymInt objects: torch.fx warned ("Raw SymInt value passed as argument")
+    three times a graph, and the graph compiled once per shape."""
+    import warnings
+
+    monkeypatch.setenv("BOO_VERIFY", "off")
+    boo_backend.reset()
+    run = torch.compile(_with_an_empty_slice, backend="boo", dynamic=True)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for batch, length in [(3, 37), (3, 70), (3, 131)]:
+            x = torch.randn(batch, length, 4, generator=torch.Generator().manual_seed(length))
+            for ours, theirs in zip(run(x), _with_an_empty_slice(x)):
+                assert ours.shape == theirs.shape
+                assert_close(ours, theirs, f"length {length}")
+    assert not [w for w in caught if "SymInt" in str(w.message)], [str(w.message)[:120] for w in caught]
+    placed = boo_backend.placements()
+    assert len(placed) == 1 and placed[0].dynamic, [p.line() for p in placed]
