@@ -35,7 +35,7 @@ from .partition import (
 from .part import IreePart
 from .runtime import ATEN, IreeFunction, OnAten
 from .storage import placed_results, with_storage
-from .torch_import import unregistered_ops
+from .torch_import import is_registered, unregistered_ops
 from .verify import checkable, computes_in_half, disagreement as disagreement_with
 
 log = logging.getLogger("boo_backend")
@@ -165,9 +165,12 @@ class Assembly:
         when `dynamic`, with the pre-lowering rewrites, the composites' canonical forms and
         the plan's FX-level decompositions."""
         decompositions, missing = decomposition_table(plan.decompose - plan.island)
-        if missing and dynamic:  # it is no island for want of a lowering at symbolic sizes only
-            raise NotDynamic(f"the compiler rejects {', '.join(sorted(missing))} with symbolic sizes, "
+        sized = sorted(op for op in missing if is_registered(op))
+        if sized and dynamic:  # it is no island for want of a lowering at symbolic sizes only
+            raise NotDynamic(f"the compiler rejects {', '.join(sized)} with symbolic sizes, "
                              "and it has no decomposition")
+        # An op torch-mlir does not know (a library's custom op) is an island at any size: the
+        # graph stays dynamic around it rather than compile it once per shape.
         plan.island |= missing
         table = preparation_table(self.gm, decompositions, match.canonical_table(self.opts))
         if (dynamic or not self.symbolic) and not any(n.target in table for n in compute_nodes(self.gm)):

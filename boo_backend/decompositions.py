@@ -20,6 +20,13 @@ def _squeeze_dims(x, dims):
     return aten.reshape.default(x, [s for i, s in enumerate(x.shape) if i not in dims or s != 1])
 
 
+def _empty_permuted(size, physical_layout, *, dtype=None, layout=None, device=None, pin_memory=None):
+    """`torch.empty_like` of a permuted tensor (torch-mlir does not know the op): an empty
+    tensor of the sizes in memory order, seen in the logical order. Its values are unset."""
+    physical = aten.empty.memory_format([size[d] for d in physical_layout], dtype=dtype, device=device)
+    return aten.permute.default(physical, [list(physical_layout).index(d) for d in range(len(size))])
+
+
 def _flash_attention_cpu_backward(grad_out, q, k, v, out, logsumexp, dropout_p, is_causal,
                                   *, attn_mask=None, scale=None):
     """Attention backward from the saved log-sum-exp: recompute the probabilities, then
@@ -420,6 +427,7 @@ AOT = {
 FALLBACK = {
     aten._scaled_dot_product_flash_attention_for_cpu.default: _flash_attention_cpu,
     aten.squeeze.dims: _squeeze_dims,
+    aten.empty_permuted.default: _empty_permuted,
     aten._scaled_dot_product_flash_attention_for_cpu_backward.default: _flash_attention_cpu_backward,
     aten.as_strided_scatter.default: _as_strided_scatter,
     aten.avg_pool2d_backward.default: _avg_pool2d_backward,

@@ -27,6 +27,20 @@ def unregistered_ops(mlir: str) -> list[str]:
 
 
 @functools.cache
+def _registered() -> frozenset[str]:
+    import torch_mlir.dialects.torch as dialect
+
+    return frozenset(name for c in vars(dialect).values()
+                     if isinstance(name := getattr(c, "OPERATION_NAME", None), str))
+
+
+def is_registered(name: str) -> bool:
+    """Whether torch-mlir's torch dialect has the op `name` (torch.aten.index.Tensor); an op
+    it lacks is imported as an opaque `torch.operator`, which nothing lowers at any size."""
+    return name in _registered()
+
+
+@functools.cache
 def _node_importer():
     """torch-mlir's node importer, leaving out the shape bindings it cannot express: a size
     such as (s79**2)//s79 has no affine form. A binding only adds facts; the `?` dims stay."""

@@ -198,3 +198,59 @@ def test_layer_norm_over_empty_shape():
 
     out = _compile(f, dynamic=False)(x)
     assert_close(out, f(x), "empty layer norm")
+
+
+def _permuted_empty(x):
+    y = x.permute(0, 2, 1)
+    out = torch.empty_like(y)  # AOTAutograd: aten.empty_permuted, which torch-mlir does not know
+    out.copy_(y * 2)
+    return out + 1
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_empty_like_of_a_permuted_tensor_runs_in_iree(dynamic):
+    """aten.empty_permuted is decomposed (an empty of the sizes in memory order, permuted
+    back): in strict mode it was refused as an island (Mixtral's default experts)."""
+    boo_backend.reset()
+    run = _compile(_permuted_empty, dynamic=dynamic)
+    for n in (37, 70):
+        x = torch.randn(3, n, 5, generator=torch.Generator().manual_seed(n))
+        ours, theirs = run(x), _permuted_empty(x)
+        assert ours.stride() == theirs.stride()
+        assert torch.equal(ours, theirs)
+    assert all(p.island == 0 for p in boo_backend.placements())
+
+
+@torch.library.custom_op("boo_tests::doubled", mutates_args=())
+def _doubled(x: torch.Tensor) -> torch.Tensor:
+    return x * 2
+
+
+@_doubled.register_fake
+def _(x):
+    return torch.empty_like(x)
+
+
+def _around_a_custom_op(x, w):
+    h = torch.relu(x @ w)
+    return _doubled(h).sum(-1) + h.mean(-1)
+
+
+def test_a_custom_op_is_one_island_of_a_dynamic_module(monkeypatch):
+    """An op torch-mlir does not know (a library's custom op) is an island at every size, so
+    a graph with dynamic shapes stays one module around it, and warns once. It was compiled
+    once per shape, and warned at each."""
+    monkeypatch.setenv("BOO_STRICT", "0")
+    monkeypatch.setenv("BOO_VERIFY", "off")
+    boo_backend.reset()
+    run = _compile(_around_a_custom_op, dynamic=True)
+    w = torch.randn(8, 8)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for n in (37, 70, 131):
+            x = torch.randn(n, 8, generator=torch.Generator().manual_seed(n))
+            assert_close(run(x, w), _around_a_custom_op(x, w), f"rows {n}")
+    islands = [w for w in caught if issubclass(w.category, boo_backend.BooFallbackWarning)]
+    assert len(islands) == 1 and "boo_tests.doubled" in str(islands[0].message), [str(w.message) for w in caught]
+    placed = boo_backend.placements()
+    assert len(placed) == 1 and placed[0].dynamic and placed[0].island == 1, [p.line() for p in placed]
