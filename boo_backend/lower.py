@@ -175,8 +175,10 @@ _IMPORTED_SIZE_OPS = frozenset({
 def _on_host(node: fx.Node) -> bool:
     """A size the module is given rather than computes (see _IMPORTED_SIZE_OPS)."""
     val = node.meta.get("val")
-    return (node.op == "call_function" and isinstance(val, torch.SymInt) and not symbolic.is_static(val)
-            and node.target not in _IMPORTED_SIZE_OPS)
+    if node.op != "call_function" or symbolic.is_static(val):
+        return False
+    # A float of sizes (`d ** -0.5` of a symbolic head size): torch-mlir imports no sym_float.
+    return isinstance(val, torch.SymFloat) or (isinstance(val, torch.SymInt) and node.target not in _IMPORTED_SIZE_OPS)
 
 
 def build_core(gm: fx.GraphModule) -> tuple[fx.GraphModule, list, list, list, bool]:

@@ -23,15 +23,15 @@ from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 
 def expr(value):
-    """The sympy expression of a SymInt, or the int itself."""
-    if isinstance(value, torch.SymInt):
+    """The sympy expression of a SymInt (or SymFloat), or the int itself."""
+    if isinstance(value, (torch.SymInt, torch.SymFloat)):
         return value.node.expr
     return int(value)
 
 
 def is_static(value) -> bool:
-    """Whether an int or SymInt is a known constant (a SymInt may be one)."""
-    return not isinstance(value, torch.SymInt) or expr(value).is_number
+    """Whether a number, SymInt or SymFloat is a known constant (a SymInt may be one)."""
+    return not isinstance(value, (torch.SymInt, torch.SymFloat)) or expr(value).is_number
 
 
 def text(value) -> str:
@@ -79,7 +79,7 @@ def tensor_is_symbolic(t) -> bool:
 
 @functools.cache
 def _namespace() -> dict:
-    names = {n: getattr(sympy, n) for n in ("Symbol", "Integer", "Rational", "Add", "Mul", "Pow",
+    names = {n: getattr(sympy, n) for n in ("Symbol", "Integer", "Rational", "Float", "Add", "Mul", "Pow",
                                              "Max", "Min", "Mod", "floor", "ceiling", "true", "false",
                                              "Equality", "Unequality", "StrictLessThan", "LessThan",
                                              "StrictGreaterThan", "GreaterThan", "And", "Or", "Not")}
@@ -132,13 +132,15 @@ class Sizes:
         return tuple(int(args[i]) if d is None else args[i].shape[d] for _, (i, d) in self.where)
 
     def evaluate(self, sources_: list[str], key: tuple[int, ...]) -> list:
-        """The expressions' values at these sizes: ints, or bools for relations."""
+        """The expressions' values at these sizes: ints, floats (of sizes: a SymFloat's), or
+        bools for relations."""
         binding = {name: value for (name, _), value in zip(self.where, key)}
         out = []
         for source in sources_:
             e = parse(source)
             e = e.xreplace({s: binding[s.name] for s in e.free_symbols})
-            out.append(bool(e) if isinstance(e, sympy.logic.boolalg.Boolean) else int(e))
+            e = sympy.sympify(e)  # a bare symbol comes back as the int bound to it
+            out.append(bool(e) if isinstance(e, sympy.logic.boolalg.Boolean) else int(e) if e.is_integer else float(e))
         return out
 
 

@@ -4,6 +4,7 @@ back to per-shape modules) rather than answer wrongly."""
 
 import copy
 import logging
+import math
 import os
 import subprocess
 import sys
@@ -584,5 +585,26 @@ def test_empty_results_of_symbolic_sizes_fold_without_raw_sizes_in_the_graph(mon
                 assert ours.shape == theirs.shape
                 assert_close(ours, theirs, f"length {length}")
     assert not [w for w in caught if "SymInt" in str(w.message)], [str(w.message)[:120] for w in caught]
+    placed = boo_backend.placements()
+    assert len(placed) == 1 and placed[0].dynamic, [p.line() for p in placed]
+
+
+def _attend_scaled_by_head_size(q, k, v):
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))
+    return scores.softmax(-1) @ v, F.scaled_dot_product_attention(q, k, v)
+
+
+def test_floats_of_symbolic_sizes_are_computed_on_the_host(monkeypatch):
+    """`/ math.sqrt(q.size(-1))` and SDPA's default scale, with every dim dynamic (head size
+    too): a SymFloat, which torch-mlir does not import (sym_float). The module takes it as an
+    f64 argument; the graph compiled once per shape."""
+    monkeypatch.setenv("BOO_VERIFY", "off")
+    boo_backend.reset()
+    run = torch.compile(_attend_scaled_by_head_size, backend="boo", dynamic=True)
+    for length, head in [(37, 24), (70, 37), (131, 16)]:
+        g = torch.Generator().manual_seed(length)
+        q, k, v = (torch.randn(2, 3, length, head, generator=g) for _ in range(3))
+        for ours, theirs in zip(run(q, k, v), _attend_scaled_by_head_size(q, k, v)):
+            assert_close(ours, theirs, f"{length} x {head}")
     placed = boo_backend.placements()
     assert len(placed) == 1 and placed[0].dynamic, [p.line() for p in placed]
