@@ -477,6 +477,15 @@ def test_sizes_computed_with_mod_and_max_serve_every_size_with_one_module(monkey
     assert len(placed) == 1 and placed[0].dynamic, [p.line() for p in placed]
 
 
+def _compiled_twin(make):
+    """A model, an eager copy with its weights, and the model compiled with dynamic=True."""
+    torch.manual_seed(0)
+    model, ref = make(), make()
+    ref.load_state_dict(model.state_dict())
+    boo_backend.reset()
+    return model, ref, torch.compile(model, backend="boo", dynamic=True)
+
+
 class _SamePadding(nn.Module):
     """TensorFlow's `same` padding as Hugging Face's MobileNets write it: pads computed from
     the input's size (int(), %, max) before each strided or depthwise convolution."""
@@ -506,11 +515,7 @@ def test_same_padding_convolutions_train_with_one_module_per_graph(monkeypatch, 
     concrete sizes. Before, torch logged that failure as an error (with a traceback) and
     the graph compiled per shape, and the backward's convolution_backward too."""
     monkeypatch.setenv("BOO_VERIFY", "off")
-    torch.manual_seed(0)
-    model, ref = _SamePadding(), _SamePadding()
-    ref.load_state_dict(model.state_dict())
-    boo_backend.reset()
-    run = torch.compile(model, backend="boo", dynamic=True)
+    model, ref, run = _compiled_twin(_SamePadding)
     with caplog.at_level(logging.ERROR):
         for batch, side in [(2, 33), (3, 48), (2, 57)]:
             x = torch.randn(batch, 3, side, side, generator=torch.Generator().manual_seed(side))
@@ -547,11 +552,7 @@ def test_backward_built_after_its_forward_added_guards_serves_only_sizes_that_me
 
     monkeypatch.setattr(boo_backend.partition, "enable_python_dispatcher", contextlib.nullcontext)
     monkeypatch.setenv("BOO_VERIFY", "off")
-    torch.manual_seed(0)
-    model, ref = _NegativePad(), _NegativePad()
-    ref.load_state_dict(model.state_dict())
-    boo_backend.reset()
-    run = torch.compile(model, backend="boo", dynamic=True)
+    model, ref, run = _compiled_twin(_NegativePad)
     for batch, length in [(2, 37), (3, 101), (2, 70)]:
         x = torch.randn(batch, length, 16, generator=torch.Generator().manual_seed(length))
         weight = torch.randn(batch, length + 1, 16, generator=torch.Generator().manual_seed(1))
