@@ -29,7 +29,8 @@ def _two_stage_reduction(op):
         rank = x.dim()
         if rank < 2 or (dims and len({d % rank for d in dims}) != rank):
             return NotImplemented
-        rows = aten.reshape.default(x, [-1, x.shape[-1]])
+        # The row count written out: with -1, rows of length 0 make the reshape ambiguous.
+        rows = aten.reshape.default(x, [math.prod(x.shape[:-1]), x.shape[-1]])
         out = op(op(rows, [1], dtype=dtype), [0])
         return aten.reshape.default(out, [1] * rank) if keepdim else out
 
@@ -202,8 +203,9 @@ def _index_put_wrapped(x, indices, values, accumulate=False):
         # shapes): torch-mlir's scatter lowering takes all but the first of its dims as 1, so
         # the module rejects every real size. One flat dim of indices lowers right.
         rest = list(x.shape[1:])
-        values = aten.reshape.default(aten.expand.default(values, list(wrapped[0].shape) + rest), [-1] + rest)
-        wrapped = [aten.reshape.default(wrapped[0], [-1])]
+        count = math.prod(wrapped[0].shape)  # not -1: with an empty row, -1 is ambiguous
+        values = aten.reshape.default(aten.expand.default(values, list(wrapped[0].shape) + rest), [count] + rest)
+        wrapped = [aten.reshape.default(wrapped[0], [count])]
     _NESTED.index_put = True
     try:
         return aten.index_put.default(x, wrapped, values, accumulate)

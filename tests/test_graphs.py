@@ -254,3 +254,21 @@ def test_a_custom_op_is_one_island_of_a_dynamic_module(monkeypatch):
     assert len(islands) == 1 and "boo_tests.doubled" in str(islands[0].message), [str(w.message) for w in caught]
     placed = boo_backend.placements()
     assert len(placed) == 1 and placed[0].dynamic and placed[0].island == 1, [p.line() for p in placed]
+
+
+def _sums_of_all(x):
+    square = torch.ones(x.shape[1], x.shape[1]).triu(1)
+    return x.sum() + square.sum() + x.transpose(1, 2).mean(), square.sum((0, 1))
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_reductions_over_every_dim_of_empty_rows(dynamic):
+    """A sum over every dim is two reductions of rows (rewrites._two_stage_reduction); rows
+    of length 0 made its reshape to [-1, 0] ambiguous, and the graph failed to compile
+    (strict mode: refused) whenever a length was 0."""
+    boo_backend.reset()
+    run = _compile(_sums_of_all, dynamic=dynamic)
+    for length in (5, 0, 7):
+        x = torch.randn(2, length, 3, generator=torch.Generator().manual_seed(length))
+        for ours, theirs in zip(run(x), _sums_of_all(x)):
+            torch.testing.assert_close(ours, theirs, equal_nan=True)
