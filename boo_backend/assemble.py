@@ -31,6 +31,7 @@ from .lower import Lowered, lower
 from .partition import (
     Plan, compute_nodes, decomposition_table, fold_empty, fold_known_sizes, moves_only, node_places,
     preparation_table, retrace, retrace_symbolic, sorts_apart, split_independent, split_islands, wrong_in_iree,
+    wrong_when_dynamic,
 )
 from .part import IreePart
 from .runtime import ATEN, IreeFunction, OnAten
@@ -184,6 +185,8 @@ class Assembly:
             graph = retrace(self.gm, args, table)
             _check_same_outputs(self.gm, graph, decompositions, self.symbolic)
         graph = fusions.apply(fold_empty(graph))
+        if dynamic and (wrong := sorted({mlir_op_name(n.target) for n in graph.graph.nodes if wrong_when_dynamic(n)})):
+            raise NotDynamic(f"{', '.join(wrong)} with ceil_mode computes wrongly with symbolic sizes")
         plan.island |= {mlir_op_name(n.target) for n in graph.graph.nodes if wrong_in_iree(n)}
         return graph
 
