@@ -28,10 +28,10 @@ from .config import BooError
 from .diagnose import Unlowerable, failing_ops, unlinked_ops
 from .embed import mlir_op_name
 from .lower import Lowered, lower
+from .miscompiles import sorts_apart, wrong_in_iree, wrong_when_dynamic
 from .partition import (
     Plan, compute_nodes, decomposition_table, fold_empty, fold_known_sizes, moves_only, node_places,
-    preparation_table, retrace, retrace_symbolic, sorts_apart, split_independent, split_islands, wrong_in_iree,
-    wrong_when_dynamic,
+    preparation_table, retrace, retrace_symbolic, split_independent, split_islands,
 )
 from .part import IreePart
 from .runtime import ATEN, IreeFunction, OnAten

@@ -175,7 +175,7 @@ class CompiledGraph(Assembly):
         replaced by `s94` everywhere), that this graph's sizes take part in: srepr text, to be
         checked per call. NotDynamic when one reads a size that the graph's inputs do not give
         as a bare dimension or SymInt, since no call could check it."""
-        where = self._where()
+        where = self._traced_sources
         texts = []
         for text in dict.fromkeys(_ADDED_GUARDS.get(env, ())):
             names = symbolic.free_names(text)
@@ -185,12 +185,14 @@ class CompiledGraph(Assembly):
                 raise NotDynamic(f"it would need guards Dynamo does not check: {symbolic.parse(text)}")
         return texts
 
-    def _where(self) -> dict:
+    @functools.cached_property
+    def _traced_sources(self) -> dict:
+        """Where each of the graph's symbols, as Dynamo traced them, is read (symbolic.sources)."""
         return symbolic.sources([n.meta.get("val") for n in self.gm.graph.nodes if n.op == "placeholder"],
                                 as_traced=True)
 
     def _assume(self, texts: list[str]) -> None:
-        self._conditions = symbolic.Conditions(texts, self._where()) if texts else None
+        self._conditions = symbolic.Conditions(texts, self._traced_sources) if texts else None
 
     def _shape_env(self):
         return symbolic.shape_env(n.meta.get("val") for n in self.gm.graph.nodes if n.op == "placeholder")

@@ -33,7 +33,7 @@ class Lowered:
     core: fx.GraphModule | None  # None when loaded from the cache
     # Per IREE argument: ("arg", index into the graph's inputs), ("const", tensor),
     # ("permuted", (index, order)): the input permuted by `order` (see _dense_order), or
-    # ("size", text): a size the graph computes that IREE is not given to (see _ON_HOST),
+    # ("size", text): a size the graph computes that torch-mlir cannot (see _on_host),
     # evaluated per call from the inputs' sizes.
     inputs: list[tuple]
     # Per graph output: ("arg", i), ("result", j), ("value", python_value), ("size", text):
@@ -168,7 +168,8 @@ def arguments(inputs: list[tuple], args, sizes: dict | None = None) -> list:
 # (`max(k - n % s, 0)`) compiled once per shape.
 _IMPORTED_SIZE_OPS = frozenset({
     torch.ops.aten.sym_size.int, torch.ops.aten.sym_size.default, torch.ops.aten.sym_stride.int,
-    torch.ops.aten.sym_stride.default, torch.ops.aten.sym_numel.default, operator.add, operator.sub, operator.mul, operator.floordiv, operator.neg,
+    torch.ops.aten.sym_stride.default, torch.ops.aten.sym_numel.default,
+    operator.add, operator.sub, operator.mul, operator.floordiv, operator.neg,
 })
 
 

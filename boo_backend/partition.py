@@ -31,6 +31,8 @@ from .decompositions import FALLBACK, cast_to, expected_results
 from .rewrites import PRE_LOWERING, needs_pre_lowering
 from .embed import mlir_op_name
 
+aten = torch.ops.aten
+
 
 @dataclasses.dataclass
 class Plan:
@@ -141,16 +143,17 @@ def fold_empty(gm: fx.GraphModule) -> fx.GraphModule:
     if not empty:
         return gm
     gm = fx.GraphModule(gm, copy.deepcopy(gm.graph))
-    sizes = _size_readers(gm)
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    where = symbolic.sources([n.meta.get("val") for n in placeholders])
     for node in compute_nodes(gm):
         val = node.meta.get("val")
         if not _is_empty(val) or node.target is aten.full.default:
             continue
-        shape = [d if isinstance(d, int) else sizes.get(symbolic.expr(d)) for d in val.shape]
+        with gm.graph.inserting_before(node):
+            shape = [_size_arg(gm.graph, placeholders, where, d) for d in val.shape]
         if None in shape:  # a symbolic size no input gives as it is: the op stays
             continue
         with gm.graph.inserting_before(node):
-            shape = [d(gm.graph) if callable(d) else d for d in shape]
             full = gm.graph.call_function(aten.full.default, (shape, 0), {"dtype": val.dtype, "device": val.device})
         full.meta = dict(node.meta)
         node.replace_all_uses_with(full)
@@ -160,26 +163,18 @@ def fold_empty(gm: fx.GraphModule) -> fx.GraphModule:
     return gm
 
 
-def _size_readers(gm: fx.GraphModule) -> dict:
-    """For each symbol that a graph input gives as it is (a SymInt input, or a tensor input's
-    dim): a function that makes a node of its value at the graph's insertion point."""
-    readers: dict = {}
-    for node in gm.graph.nodes:
-        if node.op != "placeholder":
-            continue
-        val = node.meta.get("val")
-        if isinstance(val, torch.SymInt):
-            readers.setdefault(symbolic.expr(val), lambda graph, node=node: node)
-        elif isinstance(val, torch.Tensor):
-            for d, size in enumerate(val.shape):
-                if isinstance(size, torch.SymInt):
-                    readers.setdefault(symbolic.expr(size), lambda graph, node=node, d=d, size=size: _sym_size(
-                        graph, node, d, size))
-    return readers
-
-
-def _sym_size(graph: fx.Graph, tensor: fx.Node, dim: int, size) -> fx.Node:
-    read = graph.call_function(aten.sym_size.int, (tensor, dim))
+def _size_arg(graph: fx.Graph, placeholders: list[fx.Node], where: dict, size):
+    """`size` as an argument of a node: an int, or the input (or sym_size of an input's dim)
+    that gives its symbol (symbolic.sources `where`), or None when no input gives it."""
+    if isinstance(size, int):
+        return size
+    found = where.get(getattr(symbolic.expr(size), "name", None))
+    if found is None:
+        return None
+    i, dim = found
+    if dim is None:
+        return placeholders[i]
+    read = graph.call_function(aten.sym_size.int, (placeholders[i], dim))  # dead code if unused
     read.meta["val"] = size
     return read
 
@@ -288,105 +283,6 @@ def preparation_table(gm: fx.GraphModule, decompositions: dict, canonical: dict)
         table.update(PRE_LOWERING)
     table.update(decompositions)
     return table
-
-
-_UNSIGNED = (torch.uint8, torch.uint16, torch.uint32, torch.uint64)
-aten = torch.ops.aten
-# Ops whose lowering is right for unsigned integers too. IREE's integers are signless, and
-# torch-mlir lowers division, remainder, reductions and widening casts of unsigned values
-# as if they were signed (200 // 3 on uint8 gives 0), so any other op on them stays in eager.
-_UNSIGNED_SAFE = frozenset({
-    aten.add.Tensor, aten.add.Scalar, aten.sub.Tensor, aten.sub.Scalar, aten.mul.Tensor,
-    aten.mul.Scalar, aten.bitwise_and.Tensor, aten.bitwise_or.Tensor, aten.bitwise_xor.Tensor,
-    aten.bitwise_and.Scalar, aten.bitwise_or.Scalar, aten.bitwise_xor.Scalar, aten.bitwise_not.default,
-    aten.eq.Tensor, aten.eq.Scalar, aten.ne.Tensor, aten.ne.Scalar, aten.lt.Tensor, aten.lt.Scalar,
-    aten.le.Tensor, aten.le.Scalar, aten.gt.Tensor, aten.gt.Scalar, aten.ge.Tensor, aten.ge.Scalar,
-    aten.maximum.default, aten.minimum.default, aten.where.self, aten.clone.default,
-    aten.cat.default, aten.copy.default, aten.alias.default, aten.lift_fresh_copy.default,
-    aten.bitwise_right_shift.Tensor, aten.bitwise_left_shift.Tensor,
-    aten.__rshift__.Scalar, aten.__lshift__.Scalar, aten.logical_not.default,
-    aten.logical_and.default, aten.logical_or.default, aten.logical_xor.default,
-    aten.index.Tensor, aten.index_select.default, aten.gather.default, aten.constant_pad_nd.default,
-})
-
-
-# Ops whose lowering treats bool (i1) as a signed integer, True as -1: sort puts True first,
-# clamp and scatter_add/amax with bools give False.
-_BOOL_WRONG = frozenset({
-    aten.sort.default, aten.sort.stable, aten.topk.default, aten.kthvalue.default,
-    aten.clamp.default, aten.clamp.Tensor, aten.clamp_min.default, aten.clamp_min.Tensor,
-    aten.clamp_max.default, aten.clamp_max.Tensor, aten.scatter_add.default,
-    aten.scatter_reduce.two, aten.index_add.default,
-})
-# Ops whose lowering is wrong for every dtype: logcumsumexp adds exp(x) without taking out the
-# running maximum, so it overflows to inf where eager does not.
-_ALWAYS_WRONG = frozenset({aten.logcumsumexp.default})
-
-
-# Ops that torch-mlir lowers to an in-place sort of the values and of an iota of indices.
-_SORTS = frozenset({aten.sort.default, aten.sort.stable, aten.topk.default})
-
-
-def sorts_apart(gm: fx.GraphModule) -> set[fx.Node]:
-    """The sorts of a graph to run as ATen kernels: all but the first. IREE 3.13 makes one
-    iota of indices for two sorts of the same shape and sorts it in place twice, so the
-    indices of both came out permuted by the other's order (the experts that a
-    mixture-of-experts model's second layer chose, say). One per module is right
-    (tests/test_iree_workarounds.py)."""
-    sorts = [n for n in gm.graph.nodes if n.op == "call_function" and n.target in _SORTS]
-    return set(sorts[1:])
-
-
-# Pooling whose output size rounds up (ceil_mode): torch-mlir's lowering with symbolic sizes
-# read past the input (avg_pool2d of 2x37x64 was 1.6x off, of 3x101x64 by 1e34: Funnel's
-# pooling). Such a graph compiles per shape, which lowers it right.
-_CEIL_POOLS = frozenset({
-    aten.avg_pool1d.default, aten.avg_pool2d.default, aten.avg_pool3d.default,
-    aten.max_pool1d.default, aten.max_pool2d.default, aten.max_pool3d.default,
-    aten.max_pool2d_with_indices.default, aten.max_pool3d_with_indices.default,
-})
-
-
-def wrong_when_dynamic(node: fx.Node) -> bool:
-    """Whether IREE would compute `node` wrongly when its sizes are symbolic (_CEIL_POOLS)."""
-    if node.op != "call_function" or node.target not in _CEIL_POOLS:
-        return False
-    schema = node.target._schema
-    names = [a.name for a in schema.arguments]
-    if "ceil_mode" not in names:
-        return False
-    i = names.index("ceil_mode")
-    ceil = node.args[i] if len(node.args) > i else node.kwargs.get("ceil_mode", schema.arguments[i].default_value)
-    return bool(ceil)
-
-
-def wrong_in_iree(node: fx.Node) -> bool:
-    """Whether IREE would compute `node` wrongly for its dtypes, so that it must run in eager:
-    unsigned integers outside _UNSIGNED_SAFE, bools in _BOOL_WRONG, ops in _ALWAYS_WRONG,
-    and boolean-mask index_put that decompositions.PRE_LOWERING could not rewrite."""
-    if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
-        return False
-    op = node.target
-    if op in _ALWAYS_WRONG:
-        return True
-    vals = [a.meta.get("val") for a in node.all_input_nodes]
-    dtypes = {v.dtype for v in vals if isinstance(v, torch.Tensor)}
-    if op in (aten.index_put.default, aten._index_put_impl_.default) and any(
-        isinstance(i, fx.Node) and getattr(i.meta.get("val"), "dtype", None) == torch.bool for i in node.args[1]
-    ):
-        return True
-    if torch.bool in dtypes and op in _BOOL_WRONG:
-        return True
-    accumulate = len(node.args) > 3 and node.args[3]
-    if op in (aten.index_put.default, aten._index_put_impl_.default) and accumulate and torch.bool in dtypes:
-        return True  # True + True overflows i1 to False; eager's bool sum is a logical or
-    unsigned = dtypes & set(_UNSIGNED)
-    if not unsigned or op in _UNSIGNED_SAFE or op.is_view:
-        return False
-    if op is aten._to_copy.default:  # unsigned to float or bool is right; to int is not
-        out = node.meta.get("val")
-        return not (isinstance(out, torch.Tensor) and (out.dtype.is_floating_point or out.dtype in {torch.bool, *unsigned}))
-    return True
 
 
 # Copies that only change a layout. With the views (an op's `is_view`), they are all a part

@@ -406,8 +406,8 @@ def _labelled(graph: str):
 
 def _arguments(device: rt.HalDevice, passed: list[torch.Tensor]) -> rt.VmVariantList:
     """The call's argument list: each tensor imported zero-copy through DLPack, each size as
-    an i64 (a float of sizes as an f64), and room for the two fences of a fenced module. (IREE 3.13's VmVariantList
-    cannot be cleared, so one is built per call.)"""
+    an i64 (a float of sizes as an f64), and room for the two fences of a fenced module.
+    (IREE 3.13's VmVariantList cannot be cleared, so one is built per call.)"""
     args = rt.VmVariantList(len(passed) + 2)
     for t in passed:
         if isinstance(t, torch.Tensor):

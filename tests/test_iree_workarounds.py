@@ -200,7 +200,7 @@ def _two_sorts(a, b):
 @pytest.mark.xfail(strict=True, reason="IREE 3.13: two sorts of one shape sort one iota of indices in place")
 def test_two_sorts_in_one_module(dynamic, tmp_path):
     """The raw repro: one module with both sorts (boo runs all but the first of a graph's
-    sorts in ATen: partition.sorts_apart)."""
+    sorts in ATen: miscompiles.sorts_apart)."""
     from torch.fx.experimental.proxy_tensor import make_fx
 
     from boo_backend.lower import arguments, lower

@@ -1,0 +1,111 @@
+"""What IREE 3.13 (through torch-mlir) computes wrongly, and where boo runs it instead:
+ops wrong for some dtypes (eager islands: wrong_in_iree), ops wrong with symbolic sizes (the
+graph compiles per shape: wrong_when_dynamic), and sorts that must not share a module
+(ATen kernels: sorts_apart). tests/test_iree_workarounds.py holds the repros.
+
+A leaf: imports nothing from boo_backend.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.fx as fx
+
+aten = torch.ops.aten
+
+_UNSIGNED = (torch.uint8, torch.uint16, torch.uint32, torch.uint64)
+# Ops whose lowering is right for unsigned integers too. IREE's integers are signless, and
+# torch-mlir lowers division, remainder, reductions and widening casts of unsigned values
+# as if they were signed (200 // 3 on uint8 gives 0), so any other op on them stays in eager.
+_UNSIGNED_SAFE = frozenset({
+    aten.add.Tensor, aten.add.Scalar, aten.sub.Tensor, aten.sub.Scalar, aten.mul.Tensor,
+    aten.mul.Scalar, aten.bitwise_and.Tensor, aten.bitwise_or.Tensor, aten.bitwise_xor.Tensor,
+    aten.bitwise_and.Scalar, aten.bitwise_or.Scalar, aten.bitwise_xor.Scalar, aten.bitwise_not.default,
+    aten.eq.Tensor, aten.eq.Scalar, aten.ne.Tensor, aten.ne.Scalar, aten.lt.Tensor, aten.lt.Scalar,
+    aten.le.Tensor, aten.le.Scalar, aten.gt.Tensor, aten.gt.Scalar, aten.ge.Tensor, aten.ge.Scalar,
+    aten.maximum.default, aten.minimum.default, aten.where.self, aten.clone.default,
+    aten.cat.default, aten.copy.default, aten.alias.default, aten.lift_fresh_copy.default,
+    aten.bitwise_right_shift.Tensor, aten.bitwise_left_shift.Tensor,
+    aten.__rshift__.Scalar, aten.__lshift__.Scalar, aten.logical_not.default,
+    aten.logical_and.default, aten.logical_or.default, aten.logical_xor.default,
+    aten.index.Tensor, aten.index_select.default, aten.gather.default, aten.constant_pad_nd.default,
+})
+
+
+# Ops whose lowering treats bool (i1) as a signed integer, True as -1: sort puts True first,
+# clamp and scatter_add/amax with bools give False.
+_BOOL_WRONG = frozenset({
+    aten.sort.default, aten.sort.stable, aten.topk.default, aten.kthvalue.default,
+    aten.clamp.default, aten.clamp.Tensor, aten.clamp_min.default, aten.clamp_min.Tensor,
+    aten.clamp_max.default, aten.clamp_max.Tensor, aten.scatter_add.default,
+    aten.scatter_reduce.two, aten.index_add.default,
+})
+# Ops whose lowering is wrong for every dtype: logcumsumexp adds exp(x) without taking out the
+# running maximum, so it overflows to inf where eager does not.
+_ALWAYS_WRONG = frozenset({aten.logcumsumexp.default})
+
+
+# Ops that torch-mlir lowers to an in-place sort of the values and of an iota of indices.
+_SORTS = frozenset({aten.sort.default, aten.sort.stable, aten.topk.default})
+
+
+def sorts_apart(gm: fx.GraphModule) -> set[fx.Node]:
+    """The sorts of a graph to run as ATen kernels: all but the first. IREE 3.13 makes one
+    iota of indices for two sorts of the same shape and sorts it in place twice, so the
+    indices of both came out permuted by the other's order (the experts that a
+    mixture-of-experts model's second layer chose, say). One per module is right
+    (tests/test_iree_workarounds.py)."""
+    sorts = [n for n in gm.graph.nodes if n.op == "call_function" and n.target in _SORTS]
+    return set(sorts[1:])
+
+
+# Pooling whose output size rounds up (ceil_mode): torch-mlir's lowering with symbolic sizes
+# read past the input (avg_pool2d of 2x37x64 was 1.6x off, of 3x101x64 by 1e34: Funnel's
+# pooling). Such a graph compiles per shape, which lowers it right.
+_CEIL_POOLS = frozenset({
+    aten.avg_pool1d.default, aten.avg_pool2d.default, aten.avg_pool3d.default,
+    aten.max_pool1d.default, aten.max_pool2d.default, aten.max_pool3d.default,
+    aten.max_pool2d_with_indices.default, aten.max_pool3d_with_indices.default,
+})
+
+
+def wrong_when_dynamic(node: fx.Node) -> bool:
+    """Whether IREE would compute `node` wrongly when its sizes are symbolic (_CEIL_POOLS)."""
+    if node.op != "call_function" or node.target not in _CEIL_POOLS:
+        return False
+    schema = node.target._schema
+    names = [a.name for a in schema.arguments]
+    if "ceil_mode" not in names:
+        return False
+    i = names.index("ceil_mode")
+    ceil = node.args[i] if len(node.args) > i else node.kwargs.get("ceil_mode", schema.arguments[i].default_value)
+    return bool(ceil)
+
+
+def wrong_in_iree(node: fx.Node) -> bool:
+    """Whether IREE would compute `node` wrongly for its dtypes, so that it must run in eager:
+    unsigned integers outside _UNSIGNED_SAFE, bools in _BOOL_WRONG, ops in _ALWAYS_WRONG,
+    and boolean-mask index_put that decompositions.PRE_LOWERING could not rewrite."""
+    if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
+        return False
+    op = node.target
+    if op in _ALWAYS_WRONG:
+        return True
+    vals = [a.meta.get("val") for a in node.all_input_nodes]
+    dtypes = {v.dtype for v in vals if isinstance(v, torch.Tensor)}
+    if op in (aten.index_put.default, aten._index_put_impl_.default) and any(
+        isinstance(i, fx.Node) and getattr(i.meta.get("val"), "dtype", None) == torch.bool for i in node.args[1]
+    ):
+        return True
+    if torch.bool in dtypes and op in _BOOL_WRONG:
+        return True
+    accumulate = len(node.args) > 3 and node.args[3]
+    if op in (aten.index_put.default, aten._index_put_impl_.default) and accumulate and torch.bool in dtypes:
+        return True  # True + True overflows i1 to False; eager's bool sum is a logical or
+    unsigned = dtypes & set(_UNSIGNED)
+    if not unsigned or op in _UNSIGNED_SAFE or op.is_view:
+        return False
+    if op is aten._to_copy.default:  # unsigned to float or bool is right; to int is not
+        out = node.meta.get("val")
+        return not (isinstance(out, torch.Tensor) and (out.dtype.is_floating_point or out.dtype in {torch.bool, *unsigned}))
+    return True
