@@ -24,6 +24,7 @@ from .assemble import Assembly, NotDynamic
 from .cache import CompileCache, timed
 from .compile import Target, compile_mlir, compile_flags, target_for
 from .config import BooFallbackWarning, BooStrictError, Options
+from .decompositions import UNLOWERED
 from .diagnose import first_error
 from .embed import mlir_op_name
 from .verify import Verifier
@@ -153,7 +154,9 @@ class CompiledGraph(Assembly):
                 return None
             runner = self._dynamic_runner = runner.forward if isinstance(runner, IreePart) else runner
         if self._conditions is not None and not self._conditions.hold(args):
-            return None  # this call's sizes break an assumption of the module: its own shape
+            log.debug("boo: %s graph %s: this call's sizes break what its dynamic module assumes (%s); "
+                      "compiling its shape", self.kind, self.name, self._conditions)
+            return None
         key = self._verifier.wants(args)
         outputs = runner(*args)
         if key is None:
@@ -229,7 +232,8 @@ class CompiledGraph(Assembly):
                 if runner is not None:
                     return runner
         cached = self.cache.get_json(plan_key)
-        plan = Plan.from_json(cached) if cached else Plan()
+        plan = Plan.from_json(cached) if cached else Plan(decompose={
+            mlir_op_name(n.target) for n in compute_nodes(self.gm) if n.target in UNLOWERED})
         dump = self._dump_dir(name)
         env = self._shape_env() if dynamic else None
         guards = len(env.guards) if env is not None else 0

@@ -61,7 +61,8 @@ def sorts_apart(gm: fx.GraphModule) -> set[fx.Node]:
 
 # Pooling whose output size rounds up (ceil_mode): torch-mlir's lowering with symbolic sizes
 # read past the input (avg_pool2d of 2x37x64 was 1.6x off, of 3x101x64 by 1e34: Funnel's
-# pooling). Such a graph compiles per shape, which lowers it right.
+# pooling; max_pool2d gave inf). Such a graph compiles per shape, which lowers it right.
+# Average pooling rarely gets here: rewrites.PRE_LOWERING takes its ceil_mode out.
 _CEIL_POOLS = frozenset({
     aten.avg_pool1d.default, aten.avg_pool2d.default, aten.avg_pool3d.default,
     aten.max_pool1d.default, aten.max_pool2d.default, aten.max_pool3d.default,

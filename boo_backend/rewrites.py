@@ -1,5 +1,6 @@
 """Pre-lowering rewrites: ATen calls that IREE 3.13 or torch-mlir get wrong, compile forever,
-or crash on, rewritten into ATen calls they get right. Imports only f64 (float64 math, a leaf).
+or crash on, rewritten into ATen calls they get right. Imports only f64 (float64 math) and
+decompositions, both leaves.
 
 Each entry of PRE_LOWERING returns NotImplemented for the calls it leaves alone, because
 make_fx applies the whole table once `needs_pre_lowering` says that some call needs it.
@@ -7,11 +8,13 @@ make_fx applies the whole table once `needs_pre_lowering` says that some call ne
 
 from __future__ import annotations
 
+import functools
 import math
 import threading
 
 import torch
 
+from .decompositions import ceil_mode_avg_pool
 from .f64 import F64_REWRITES, _negative
 
 aten = torch.ops.aten
@@ -354,6 +357,10 @@ def _block_scatter(x, src, dim=0, start=None, end=None, step=1) -> bool:
     return known and math.prod(x.shape[:dim % x.dim()]) == 1
 
 
+def _ceil_mode(x, kernel_size, stride=(), padding=0, ceil_mode=False, *args, **kwargs) -> bool:
+    return bool(ceil_mode)
+
+
 def _negative_dim(x, dim, *args, **kwargs) -> bool:
     return dim < 0
 
@@ -395,7 +402,9 @@ _REWRITES = {
     aten.var.correction: (lambda *a, **k: _is_half(*a, **k) or _reduces_nothing(*a, **k), _first_of(
         _var_of_nothing(aten.var.correction), _accumulate_in_f32(aten.var.correction, has_dtype=False))),
     aten.std.correction: (_reduces_nothing, _var_of_nothing(aten.std.correction)),
-    aten.avg_pool2d.default: (_is_half, _accumulate_in_f32(aten.avg_pool2d.default, has_dtype=False)),
+    aten.avg_pool2d.default: (lambda *a, **k: _is_half(*a, **k) or _ceil_mode(*a, **k), _first_of(
+        functools.partial(ceil_mode_avg_pool, 2), _accumulate_in_f32(aten.avg_pool2d.default, has_dtype=False))),
+    aten.avg_pool3d.default: (_ceil_mode, functools.partial(ceil_mode_avg_pool, 3)),
     aten.index_put.default: (_has_index, _first_of(_index_put_mask, _index_put_wrapped)),
     aten.mm.default: (_contracts_nothing, _empty_contraction(aten.mm.default)),
     aten.bmm.default: (_contracts_nothing, _empty_contraction(aten.bmm.default)),

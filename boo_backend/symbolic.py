@@ -154,6 +154,9 @@ class Conditions:
         self.sizes = Sizes({name: where[name] for t in self.texts for name in free_names(t)})
         self._known: dict[tuple[int, ...], bool] = {}
 
+    def __str__(self) -> str:
+        return " and ".join(str(parse(t)) for t in self.texts)
+
     def hold(self, args) -> bool:
         key = self.sizes.key(args)
         known = self._known.get(key)

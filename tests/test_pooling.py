@@ -1,0 +1,56 @@
+"""Pooling forward and backward in IREE against float64 eager: average pooling with ceil_mode
+(torch-mlir's lowering fails where a stride is 1 and is wrong with symbolic sizes), the
+backward of average pooling in 2 and 3 dims, and 3d max pooling's backward, none of which
+torch-mlir lowers. Strict mode proves that no part ran as an eager island."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import boo_backend
+from util import close_to_scale
+
+# name: (function, input shapes: the first traced, then odd ones past 64 and 128)
+CASES = {
+    "avg1d_pad_exclude": (lambda x: F.avg_pool1d(x, 3, 2, padding=1, ceil_mode=True, count_include_pad=False),
+                          [(2, 5, 38), (3, 5, 71), (2, 5, 131)]),
+    "avg2d": (lambda x: F.avg_pool2d(x, 3, 2, ceil_mode=True), [(2, 3, 17, 20), (3, 3, 30, 21), (2, 3, 67, 131)]),
+    "avg2d_pad_exclude": (lambda x: F.avg_pool2d(x, 3, 2, padding=1, ceil_mode=True, count_include_pad=False),
+                          [(2, 3, 17, 20), (3, 3, 30, 21), (2, 3, 67, 131)]),
+    # Funnel's pooling: a stride of 1 along the width, where torch-mlir's lowering fails to compile
+    "avg2d_stride_1": (lambda x: F.avg_pool2d(x[:, None], (2, 1), (2, 1), ceil_mode=True)[:, 0],
+                       [(3, 37, 64), (2, 101, 64), (4, 130, 64)]),
+    "avg2d_divisor": (lambda x: F.avg_pool2d(x, 3, 3, padding=1, ceil_mode=True, divisor_override=5),
+                      [(2, 3, 17, 20), (3, 3, 30, 21)]),
+    "avg2d_floor": (lambda x: F.avg_pool2d(x, 3, 2, padding=1, count_include_pad=False), [(2, 3, 17, 20), (3, 3, 67, 21)]),
+    "avg3d": (lambda x: F.avg_pool3d(x, 2, 2, ceil_mode=True), [(2, 3, 5, 7, 9), (3, 2, 8, 9, 11)]),
+    "max3d": (lambda x: F.max_pool3d(x, 2, 2), [(2, 3, 5, 7, 9), (3, 2, 8, 9, 11)]),
+}
+REL = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
+
+
+@pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_pooling_forward_and_backward_in_iree(case, dtype, dynamic, monkeypatch):
+    monkeypatch.setenv("BOO_VERIFY", "off")  # a wrong dynamic module must not be caught and hidden
+    fn, shapes = CASES[case]
+    boo_backend.reset()
+    run = torch.compile(fn, backend="boo", dynamic=dynamic)
+    for shape in shapes:
+        g = torch.Generator().manual_seed(sum(shape))
+        x = torch.randn(shape, generator=g).to(dtype).requires_grad_()
+        x64 = x.detach().double().requires_grad_()
+        ref = fn(x64)
+        grad = torch.randn(ref.shape, generator=g).to(dtype)
+        ours = run(x)
+        (dx,) = torch.autograd.grad(ours, x, grad)
+        (dx64,) = torch.autograd.grad(ref, x64, grad.double())
+        what = f"{case} {dtype} {shape}"
+        close_to_scale(ours, ref.to(dtype), f"{what} forward", rel=REL[dtype])
+        close_to_scale(dx, dx64.to(dtype), f"{what} backward", rel=REL[dtype])
+    placed = boo_backend.placements()
+    assert placed and not any(p.island_ops for p in placed), [p.line() for p in placed]
+    if dynamic:  # Dynamo may trace again (its own guards), but boo compiles no forward per shape
+        forwards = [p for p in placed if p.kind == "forward"]
+        assert forwards and all(p.dynamic for p in forwards), [p.line() for p in placed]
