@@ -223,6 +223,33 @@ def wav2vec2(batch: int = BATCH, seq: int = SEQ):
     }
 
 
+def mixtral(batch: int = BATCH, seq: int = SEQ):
+    """Mixture of experts: each layer's router takes the top 2 of 4 experts per token (topk
+    and a sort of the chosen experts in every layer; IREE once gave two sorts of one shape
+    the same indices), the experts run as batched matmuls."""
+    from transformers import MixtralConfig, MixtralForCausalLM
+
+    cfg = MixtralConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                        num_attention_heads=4, num_key_value_heads=2, num_local_experts=4,
+                        num_experts_per_tok=2, max_position_embeddings=MAX_POSITIONS, attention_dropout=0.0,
+                        router_jitter_noise=0.0)
+    cfg._experts_implementation = "batched_mm"
+    return _causal_lm(MixtralForCausalLM, cfg, batch, seq)
+
+
+def funnel(batch: int = BATCH, seq: int = SEQ):
+    """Funnel transformer: the sequence is pooled between blocks (average pooling that rounds
+    up, ceil_mode, so odd lengths keep their last token) and upsampled again, with relative
+    positional attention (einsums and a shift by reshape)."""
+    from transformers import FunnelConfig, FunnelForMaskedLM
+
+    cfg = FunnelConfig(vocab_size=VOCAB, d_model=32, n_head=4, d_head=8, d_inner=64, block_sizes=[1, 1],
+                       num_decoder_layers=1, max_position_embeddings=MAX_POSITIONS, hidden_dropout=0.0,
+                       attention_dropout=0.0, activation_dropout=0.0)
+    ids = _tokens(batch=batch, seq=seq)
+    return _build(FunnelForMaskedLM, cfg), {"input_ids": ids, "labels": _tokens(3, batch, seq)}
+
+
 def cnn(batch: int = BATCH, seq: int = SEQ):
     torch.manual_seed(0)
     return SmallCNN(), {"pixel_values": _images(batch=batch), "labels": _class_labels(batch=batch)}
@@ -243,4 +270,6 @@ MODELS: dict[str, Callable[[], tuple[nn.Module, dict]]] = {
     "swin": swin,
     "falcon": falcon,
     "wav2vec2": wav2vec2,
+    "mixtral": mixtral,
+    "funnel": funnel,
 }
