@@ -130,6 +130,22 @@ def _window_sizes(out, size, k: int, s: int, p: int, include_pad: bool, like: to
     return (end - start).to(like.dtype)
 
 
+def _divisors(out, size, k, s, p, include_pad: bool, like: torch.Tensor):
+    """Each output position's divisor over all spatial dims: the product of _window_sizes,
+    shaped to broadcast over the output's spatial dims."""
+    nd, divisor = len(k), None
+    for i in range(nd):
+        w = _window_sizes(out[i], size[i], k[i], s[i], p[i], include_pad, like)
+        w = w.reshape([-1] + [1] * (nd - 1 - i))
+        divisor = w if divisor is None else divisor * w
+    return divisor
+
+
+def _far_pads(extra) -> list:
+    """constant_pad_nd's list (last dim first) that pads each spatial dim by `extra` at its end."""
+    return [e for ex in reversed(extra) for e in (0, ex)]
+
+
 def ceil_mode_avg_pool(nd: int, x, kernel_size, stride=(), padding=0, ceil_mode=False,
                        count_include_pad=True, divisor_override=None):
     """Average pooling with ceil_mode as pooling without it: the input padded with zeros on
@@ -148,19 +164,14 @@ def ceil_mode_avg_pool(nd: int, x, kernel_size, stride=(), padding=0, ceil_mode=
     out = [torch.sym_min((n + 2 * pi - ki + st - 1) // st + 1, (n + pi - 1) // st + 1)
            for n, ki, st, pi in zip(size, k, s, p)]
     extra = [torch.sym_max((o - 1) * st + ki - n - 2 * pi, 0) for o, n, ki, st, pi in zip(out, size, k, s, p)]
-    padded = aten.constant_pad_nd.default(xf, [e for ex in reversed(extra) for e in (0, ex)], 0.0)
+    padded = aten.constant_pad_nd.default(xf, _far_pads(extra), 0.0)
     pool = aten.avg_pool2d.default if nd == 2 else aten.avg_pool3d.default
     sums = pool(padded, list(k), list(s), list(p), False, True) * math.prod(k)
     sums = sums[(slice(None), slice(None)) + tuple(slice(0, o) for o in out)]
     if divisor_override:
         avg = sums / divisor_override
     else:
-        divisor = None
-        for i in range(nd):
-            w = _window_sizes(out[i], size[i], k[i], s[i], p[i], count_include_pad, sums)
-            w = w.reshape([-1] + [1] * (nd - 1 - i))
-            divisor = w if divisor is None else divisor * w
-        avg = sums / divisor
+        avg = sums / _divisors(out, size, k, s, p, count_include_pad, sums)
     avg = avg.to(x.dtype)
     return avg.squeeze(0) if unbatched else avg
 
@@ -181,12 +192,7 @@ def _avg_pool_backward(nd: int, grad_out, x, kernel_size, stride, padding, ceil_
     if divisor_override:
         grad = grad_out / divisor_override
     else:
-        divisor = None
-        for i in range(nd):
-            w = _window_sizes(out[i], size[i], k[i], s[i], p[i], count_include_pad, grad_out)
-            w = w.reshape([-1] + [1] * (nd - 1 - i))
-            divisor = w if divisor is None else divisor * w
-        grad = grad_out / divisor
+        grad = grad_out / _divisors(out, size, k, s, p, count_include_pad, grad_out)
     # zeros between the gradients: each output position becomes a run of s[i] positions
     interleaved = [n, c]
     for o in out:
@@ -206,7 +212,7 @@ def _avg_pool_backward(nd: int, grad_out, x, kernel_size, stride, padding, ceil_
     # `full` covers the padded input from its first corner; positions past the last window get 0.
     # (sym_max and a pad of 0 rather than a test: sizes may be symbolic, and a test a guard)
     extra = [torch.sym_max(pi + si - fi, 0) for pi, si, fi in zip(p, size, full.shape[2:])]
-    full = aten.constant_pad_nd.default(full, [e for ex in reversed(extra) for e in (0, ex)], 0.0)
+    full = aten.constant_pad_nd.default(full, _far_pads(extra), 0.0)
     out_grad = full[(slice(None), slice(None)) + tuple(slice(pi, pi + si) for pi, si in zip(p, size))]
     return out_grad.squeeze(0) if unbatched else out_grad
 
