@@ -285,6 +285,29 @@ def _run_compiler(mlir: str, flags: list[str], cache: CompileCache, timeout: flo
     return out
 
 
+# IREE's CPU codegen refuses a dispatch whose stack buffers pass 32 KiB. Some fused row
+# reductions need more: bf16 logits cast to float32 and fed to log-softmax (a causal LM's
+# loss in bf16 training) took 89 KiB at 140 rows of 1000 classes, 157 KiB with symbolic
+# rows, and the whole graph ran in eager. Such a module is compiled again with this much
+# allowed; local-task's workers get stacks that hold it (runtime._WORKER_STACK), and
+# local-sync runs on the caller's thread (8 MiB on Linux).
+_STACK_REFUSED = "exceeded stack allocation limit"
+_STACK_ROOM = "--iree-llvmcpu-stack-allocation-limit=524288"
+
+
+def _run_with_stack_room(mlir: str, flags: list[str], cache: CompileCache, timeout: float) -> bytes:
+    """_run_compiler, run again with _STACK_ROOM when the CPU codegen refused a dispatch for
+    the stack it needs."""
+    try:
+        return _run_compiler(mlir, flags, cache, timeout)
+    except BooCompileError as e:
+        if _STACK_REFUSED not in e.diagnostics or not any(f.startswith("--iree-llvmcpu") for f in flags):
+            raise
+        log.debug("boo: iree-compile refused a dispatch's stack use; retrying with %s:\n%s",
+                  _STACK_ROOM, e.diagnostics[:2000])
+        return _run_compiler(mlir, [*flags, _STACK_ROOM], cache, timeout)
+
+
 def _kill_group(proc: subprocess.Popen) -> None:
     try:
         os.killpg(proc.pid, signal.SIGKILL)
@@ -310,14 +333,14 @@ def compile_mlir(mlir: str, target: Target, cache: CompileCache, timeout: float 
         raise BooCompileTimeout(timeout, remembered=True)
     try:
         try:
-            blob = _run_compiler(mlir, flags, cache, timeout)
+            blob = _run_with_stack_room(mlir, flags, cache, timeout)
         except BooCompileError as e:
             optional = set(flags) - set(compile_flags(target, optional=False, f64=f64))
             if not optional:
                 raise
             log.debug("boo: iree-compile failed with %s; retrying without them:\n%s",
                       " ".join(sorted(optional)), e.diagnostics[:2000])
-            blob = _run_compiler(mlir, compile_flags(target, optional=False, f64=f64), cache, timeout)
+            blob = _run_with_stack_room(mlir, compile_flags(target, optional=False, f64=f64), cache, timeout)
     except BooCompileTimeout:
         cache.put_json(timed_out, {"limit": timeout})
         raise

@@ -39,8 +39,16 @@ def _instance() -> rt.VmInstance:
     return rt.VmInstance()
 
 
+# The stack of each local-task worker thread. IREE's default is smaller than what a module
+# compiled with compile._STACK_ROOM may use in one dispatch (up to 512 KiB): bf16 logits fed
+# to log-softmax at 256 rows crashed a worker. Set before the first local-task device.
+_WORKER_STACK = 2 << 20
+
+
 @functools.cache
 def _cpu_device(driver: str) -> rt.HalDevice:
+    if driver == "local-task":
+        rt.flags.parse_flags(f"--task_worker_stack_size={_WORKER_STACK}")
     return rt.get_device(driver)
 
 
