@@ -216,6 +216,45 @@ def _index_put_wrapped(x, indices, values, accumulate=False):
         _NESTED.index_put = False
 
 
+def _adjacent_indices(x, indices) -> tuple[int, int] | None:
+    """(first dim, count) of index tensors that sit on adjacent dims of `x` (integer, two or
+    more, none of them masks), or None."""
+    dims = [d for d, i in enumerate(indices) if i is not None]
+    if len(dims) < 2 or dims != list(range(dims[0], dims[-1] + 1)) or any(
+            indices[d].dtype == torch.bool for d in dims):
+        return None
+    return dims[0], len(dims)
+
+
+def _several_symbolic_indices(x, indices, *args, **kwargs) -> bool:
+    symbolic = not all(isinstance(n, int) for t in (x, *[i for i in indices if i is not None]) for n in t.shape)
+    return symbolic and _adjacent_indices(x, indices) is not None
+
+
+def _flat_index(x, indices):
+    """x with the indexed dims merged into one, and the index into that dim (each index
+    wrapped where negative, as eager reads it), for `x[..., i, j, ...]`."""
+    first, count = _adjacent_indices(x, indices)
+    sizes = list(x.shape[first:first + count])
+    flat = None
+    for d, size in enumerate(sizes):
+        i = indices[first + d]
+        i = aten.where.self(aten.lt.Scalar(i, 0), aten.add.Scalar(i, size), i)
+        flat = i if flat is None else aten.add.Tensor(aten.mul.Scalar(flat, size), i)
+    merged = [*x.shape[:first], math.prod(sizes), *x.shape[first + count:]]
+    return aten.reshape.default(x, merged), [None] * first + [flat]
+
+
+def _index_flattened(x, indices):
+    """`x[i, j]` (index tensors on adjacent dims) as one index into those dims merged:
+    torch-mlir fails to lower several index tensors of symbolic sizes (CLIP's pooling,
+    `h[arange(b), ids.argmax(-1)]`), and the graph compiled once per shape."""
+    if not _several_symbolic_indices(x, indices):
+        return NotImplemented
+    merged, index = _flat_index(x, indices)
+    return aten.index.Tensor(merged, index)
+
+
 def _crop_negative_pads(x, pad, value=0.0):
     """constant_pad_nd with negative pads (crops) as a slice, then the non-negative pads:
     torch-mlir's lowering fills the whole result with the pad value."""
@@ -406,6 +445,7 @@ _REWRITES = {
         functools.partial(ceil_mode_avg_pool, 2), _accumulate_in_f32(aten.avg_pool2d.default, has_dtype=False))),
     aten.avg_pool3d.default: (_ceil_mode, functools.partial(ceil_mode_avg_pool, 3)),
     aten.index_put.default: (_has_index, _first_of(_index_put_mask, _index_put_wrapped)),
+    aten.index.Tensor: (_several_symbolic_indices, _index_flattened),
     aten.mm.default: (_contracts_nothing, _empty_contraction(aten.mm.default)),
     aten.bmm.default: (_contracts_nothing, _empty_contraction(aten.bmm.default)),
     aten.addmm.default: (_contracts_nothing, _empty_contraction(aten.addmm.default)),

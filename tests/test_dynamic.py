@@ -628,3 +628,36 @@ def test_max_pooling_with_ceil_mode_is_not_compiled_for_symbolic_sizes(monkeypat
         x = torch.randn(batch, length, 64, generator=torch.Generator().manual_seed(length))
         assert_close(run(x), _pool_rounding_up(x), f"{batch}x{length}")
     assert not any(p.dynamic for p in boo_backend.placements())
+
+
+def _pool_at_argmax(h, ids):
+    """CLIP's text pooling: each row's vector at its largest token id."""
+    return h[torch.arange(h.shape[0]), ids.to(torch.int).argmax(dim=-1)] * 2
+
+
+def _index_middle_dims(h, ids):
+    """Two index tensors on adjacent inner dims, the first with negative entries."""
+    return h[:, ids[:, 0] - 5, ids[:, 1] % 7] * 3
+
+
+@pytest.mark.parametrize("fn", [_pool_at_argmax, _index_middle_dims], ids=["argmax_pooling", "middle_dims"])
+def test_several_index_tensors_are_one_module_for_every_size(fn, monkeypatch):
+    """torch-mlir does not lower `x[i, j]` (two index tensors) with symbolic sizes, and the
+    graph compiled once per shape; it is now indexed as one merged dim. Forward and
+    backward (a scatter-add into the merged dim) at sizes unlike the first."""
+    monkeypatch.setenv("BOO_VERIFY", "off")
+    boo_backend.reset()
+    run = torch.compile(fn, backend="boo", dynamic=True)
+    for batch, length in [(2, 37), (3, 101), (2, 70), (4, 131)]:
+        g = torch.Generator().manual_seed(length)
+        rows = batch if fn is _pool_at_argmax else batch + 5
+        h = torch.randn(rows, length, 12, generator=g, requires_grad=True)
+        ids = torch.randint(0, 1000 if fn is _pool_at_argmax else 7, (batch, length), generator=g)
+        ours, ref = run(h, ids), fn(h, ids)
+        grad = torch.randn(ref.shape, generator=g)
+        (dh,) = torch.autograd.grad(ours, h, grad)
+        (dh_ref,) = torch.autograd.grad(ref, h, grad)
+        assert_close(ours, ref, f"{batch}x{length}")
+        assert_close(dh, dh_ref, f"grad at {batch}x{length}")
+    placed = boo_backend.placements()
+    assert len(placed) == 2 and all(p.dynamic for p in placed), [p.line() for p in placed]
