@@ -58,9 +58,18 @@ def _flash_attention_cpu(q, k, v, dropout_p=0.0, is_causal=False, *, attn_mask=N
     scale = scale if scale is not None else q.shape[-1] ** -0.5
     acc = _accumulation_dtype(q)
     scores = _masked_scores(q.to(acc), _repeat_heads(k.to(acc), q), scale, is_causal, attn_mask)
-    lse = torch.logsumexp(scores, dim=-1)
+    lse = _logsumexp_last(scores)
     out = torch.matmul(torch.exp(scores - lse.unsqueeze(-1)), _repeat_heads(v.to(acc), q))
     return out.to(q.dtype), lse
+
+
+def _logsumexp_last(scores):
+    """logsumexp over the last dim, written out (torch-mlir's lowering of aten.logsumexp is
+    rejected by iree-compile, which cost two failed compiles per graph): the row maximum
+    taken out, a row of -inf (every key masked) giving -inf as eager's does."""
+    top = torch.amax(scores, dim=-1, keepdim=True)
+    top = torch.where(torch.isinf(top), torch.zeros_like(top), top)
+    return (torch.log(torch.sum(torch.exp(scores - top), dim=-1, keepdim=True)) + top).squeeze(-1)
 
 
 def _accumulation_dtype(q):

@@ -401,6 +401,12 @@ def _decode_args(key_length, value_length):
             torch.randn(2, 4, 1, 16, generator=g))
 
 
+def _uses_attention_kernel(placement) -> bool:
+    from boo_backend import composites
+
+    return any(composites.by_name(name).family == "attention" for name, _ in placement.composite_names)
+
+
 def test_module_that_assumed_a_relation_of_sizes_serves_only_calls_that_meet_it(monkeypatch):
     """boo's trace of attention compares the key and value lengths (a guard Dynamo, which
     holds them as separate symbols, never checks). The module compiled under that guard
@@ -419,6 +425,8 @@ def test_module_that_assumed_a_relation_of_sizes_serves_only_calls_that_meet_it(
             compiles = boo_backend.stats()["iree_compiles"]
     assert boo_backend.stats()["iree_compiles"] == compiles, [p.line() for p in boo_backend.placements()]
     assert [p.dynamic for p in boo_backend.placements()] == [False, True]
+    # the dynamic module assumed the lengths equal for its attention kernel too
+    assert _uses_attention_kernel(boo_backend.placements()[-1]), boo_backend.placements()[-1].line()
     with pytest.raises(boo_backend.BooStrictError, match="failed to compile.*batch2"):
         run(*_decode_args(40, 41))
     # A warm start (the module from the disk cache, no trace to add the guard) keeps it.
@@ -453,6 +461,7 @@ def test_generate_decodes_every_token_with_one_module(monkeypatch):
     assert torch.equal(model.generate(prompt, max_new_tokens=8, do_sample=False), expected)
     placed = boo_backend.placements()
     assert len(placed) == 3 and placed[-1].dynamic, [p.line() for p in placed]
+    assert _uses_attention_kernel(placed[-1]), placed[-1].line()
 
 
 def _pad_to_multiple(x):

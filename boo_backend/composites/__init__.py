@@ -166,6 +166,20 @@ def same(a, b) -> bool:
     return sympy.expand(symbolic.expr(a) - symbolic.expr(b)) == 0
 
 
+def same_assumed(a, b) -> bool:
+    """Whether sizes `a` and `b` are equal, as `same`, or, when they are other symbols equal
+    at the sizes being traced, by assuming so: a guard, which the module built on it checks
+    on every call (graph.CompiledGraph's conditions). For sizes a model keeps equal in
+    separate tensors, such as the key and value caches of a decoder."""
+    if same(a, b):
+        return True
+    if isinstance(a, (list, tuple, torch.Size)) or isinstance(b, (list, tuple, torch.Size)):
+        return len(a) == len(b) and all(same_assumed(x, y) for x, y in zip(a, b))
+    if not isinstance(a, torch.SymInt) or not isinstance(b, torch.SymInt):
+        return False
+    return a.node.hint is not None and a.node.hint == b.node.hint and bool(a == b)
+
+
 def symbolic_decline(**named) -> str | None:
     """The reason to decline when one of the named sizes, which the kernel needs static,
     is symbolic: symbolic_decline(N=n) -> "symbolic N (the kernel needs it static)"."""

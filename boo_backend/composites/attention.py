@@ -19,8 +19,8 @@ import torch
 from ..decompositions import FALLBACK
 from ..patterns import Pattern, Wild
 from . import (
-    ELEMENT_TYPES, Composite, common_decline, random_tensor, register, register_pattern, same, size, sizes,
-    symbolic_decline,
+    ELEMENT_TYPES, Composite, common_decline, random_tensor, register, register_pattern, same, same_assumed,
+    size, sizes, symbolic_decline,
 )
 
 aten = torch.ops.aten
@@ -56,7 +56,8 @@ def _decline(q, k, v, dropout_p, mask, tensors, outs) -> str | None:
     if reason:
         return f"heads: {reason}"
     h, hk, d, dv = sizes([q.shape[1], k.shape[1], q.shape[3], v.shape[3]])
-    if hk == 0 or h % hk or not same(k.shape[:3], v.shape[:3]) or not same(q.shape[0], k.shape[0]):
+    # the key and value lengths: a decoder's caches hold them as two symbols, assumed equal
+    if hk == 0 or h % hk or not same_assumed(k.shape[:3], v.shape[:3]) or not same(q.shape[0], k.shape[0]):
         return f"heads or sizes do not fit: q={list(q.shape)} k={list(k.shape)} v={list(v.shape)}"
     if d != size(k.shape[3]):
         return f"q and k head dims differ: {d} vs {k.shape[3]}"
