@@ -1,18 +1,20 @@
-"""boo's own FX-level rewrites. A leaf: imports nothing from boo_backend.
+"""boo's own FX-level rewrites. Imports only pooling, a leaf.
 
 - AOT: entries that replace core ATen's in the table given to AOTAutograd.
 - FALLBACK: decompositions for ops that torch-mlir cannot lower and whose torch._decomp entry
   is missing or leads back to such ops. Used at fallback step 3, before torch._decomp.
-(The rewrites that steer around IREE's and torch-mlir's bugs live in rewrites.py.)
+(The rewrites that steer around IREE's and torch-mlir's bugs live in rewrites.py, pooling's
+in pooling.py.)
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
-import math
 
 import torch
+
+from .pooling import avg_pool_backward, max_pool3d_with_indices_backward
 
 aten = torch.ops.aten
 
@@ -115,128 +117,6 @@ def _masked_scores(qf, kf, scale, is_causal, attn_mask):
         scores = (scores.masked_fill(~attn_mask, float("-inf")) if attn_mask.dtype == torch.bool
                   else scores + attn_mask.to(scores.dtype))
     return scores
-
-
-def _spatial(v, nd: int, default=None) -> tuple:
-    """A pooling size argument as one int per spatial dim (an int or a 1-element list
-    stands for all of them; an empty stride means the kernel's)."""
-    v = default if v is None or (not isinstance(v, int) and len(v) == 0) else v
-    if isinstance(v, int):
-        return (v,) * nd
-    return tuple(v) * nd if len(v) == 1 else tuple(v)
-
-
-def _window_sizes(out, size, k: int, s: int, p: int, include_pad: bool, like: torch.Tensor):
-    """Per output position along one dim, the number of input positions its window divides
-    by (ATen's rule: the window clipped to the padded input, and to the input itself unless
-    include_pad), as a float tensor of length `out`. Computed with tensor ops, not built
-    from a Python list: a constant tensor traces to a copy and a detach_, which torch-mlir
-    does not lower, and the sizes may be symbolic."""
-    start = torch.arange(out, dtype=torch.int64, device=like.device) * s - p
-    end = torch.clamp_max(start + k, size + p)
-    if not include_pad:
-        start, end = torch.clamp_min(start, 0), torch.clamp_max(end, size)
-    return (end - start).to(like.dtype)
-
-
-def _divisors(out, size, k, s, p, include_pad: bool, like: torch.Tensor):
-    """Each output position's divisor over all spatial dims: the product of _window_sizes,
-    shaped to broadcast over the output's spatial dims."""
-    nd, divisor = len(k), None
-    for i in range(nd):
-        w = _window_sizes(out[i], size[i], k[i], s[i], p[i], include_pad, like)
-        w = w.reshape([-1] + [1] * (nd - 1 - i))
-        divisor = w if divisor is None else divisor * w
-    return divisor
-
-
-def _far_pads(extra) -> list:
-    """constant_pad_nd's list (last dim first) that pads each spatial dim by `extra` at its end."""
-    return [e for ex in reversed(extra) for e in (0, ex)]
-
-
-def ceil_mode_avg_pool(nd: int, x, kernel_size, stride=(), padding=0, ceil_mode=False,
-                       count_include_pad=True, divisor_override=None):
-    """Average pooling with ceil_mode as pooling without it: the input padded with zeros on
-    the far side so that the last, partial window fits, each window's sum divided by the
-    count ATen divides by (_window_sizes). torch-mlir's ceil_mode lowering is wrong with
-    symbolic sizes (it reads past the input) and fails to compile where a stride is 1;
-    this form is right for both. Half types are summed in float32."""
-    if not ceil_mode:
-        return NotImplemented
-    k, s, p = _spatial(kernel_size, nd), _spatial(stride, nd, kernel_size), _spatial(padding, nd)
-    unbatched = x.dim() == nd + 1
-    xf = x.unsqueeze(0) if unbatched else x
-    xf = xf.to(_accumulation_dtype(xf))
-    size = xf.shape[2:]
-    # ATen's output size: rounded up, less a last window that would start in the padding
-    out = [torch.sym_min((n + 2 * pi - ki + st - 1) // st + 1, (n + pi - 1) // st + 1)
-           for n, ki, st, pi in zip(size, k, s, p)]
-    extra = [torch.sym_max((o - 1) * st + ki - n - 2 * pi, 0) for o, n, ki, st, pi in zip(out, size, k, s, p)]
-    padded = aten.constant_pad_nd.default(xf, _far_pads(extra), 0.0)
-    pool = aten.avg_pool2d.default if nd == 2 else aten.avg_pool3d.default
-    sums = pool(padded, list(k), list(s), list(p), False, True) * math.prod(k)
-    sums = sums[(slice(None), slice(None)) + tuple(slice(0, o) for o in out)]
-    if divisor_override:
-        avg = sums / divisor_override
-    else:
-        avg = sums / _divisors(out, size, k, s, p, count_include_pad, sums)
-    avg = avg.to(x.dtype)
-    return avg.squeeze(0) if unbatched else avg
-
-
-def _avg_pool_backward(nd: int, grad_out, x, kernel_size, stride, padding, ceil_mode,
-                       count_include_pad, divisor_override=None):
-    """Each output gradient, divided by its window's divisor, spread over its window: the
-    transposed convolution with a ones kernel, written as zeros inserted between the
-    gradients (stride) and a convolution (torch-mlir lowers no grouped transposed one),
-    cropped to the unpadded input. For 2 and 3 spatial dims (avg_pool1d's backward goes
-    through 2d). torch._decomp lists avg_pool2d_backward among core ATen's decompositions
-    but has no entry for it, nor for avg_pool3d_backward."""
-    k, s, p = _spatial(kernel_size, nd), _spatial(stride, nd, kernel_size), _spatial(padding, nd)
-    unbatched = x.dim() == nd + 1
-    if unbatched:
-        grad_out, x = grad_out.unsqueeze(0), x.unsqueeze(0)
-    n, c, size, out = x.shape[0], x.shape[1], x.shape[2:], grad_out.shape[2:]
-    if divisor_override:
-        grad = grad_out / divisor_override
-    else:
-        grad = grad_out / _divisors(out, size, k, s, p, count_include_pad, grad_out)
-    # zeros between the gradients: each output position becomes a run of s[i] positions
-    interleaved = [n, c]
-    for o in out:
-        interleaved += [o, 1]
-    pad = []
-    for si in reversed(s):
-        pad += [0, si - 1, 0, 0]
-    spread = aten.constant_pad_nd.default(grad.reshape(interleaved), pad[:-2])
-    spread = spread.reshape([n, c] + [o * si for o, si in zip(out, s)])
-    spread = spread[(slice(None), slice(None)) + tuple(slice(0, (o - 1) * si + 1) for o, si in zip(out, s))]
-    spread = aten.constant_pad_nd.default(spread, [e for ki in reversed(k) for e in (ki - 1, ki - 1)], 0.0)
-    # channels folded into the batch: torch-mlir lowers no grouped (depthwise) 3d convolution
-    ones = torch.ones([1, 1, *k], dtype=grad.dtype, device=grad.device)
-    planes = spread.reshape([n * c, 1, *spread.shape[2:]])
-    full = aten.convolution.default(planes, ones, None, [1] * nd, [0] * nd, [1] * nd, False, [0] * nd, 1)
-    full = full.reshape([n, c, *full.shape[2:]])
-    # `full` covers the padded input from its first corner; positions past the last window get 0.
-    # (sym_max and a pad of 0 rather than a test: sizes may be symbolic, and a test a guard)
-    extra = [torch.sym_max(pi + si - fi, 0) for pi, si, fi in zip(p, size, full.shape[2:])]
-    full = aten.constant_pad_nd.default(full, _far_pads(extra), 0.0)
-    out_grad = full[(slice(None), slice(None)) + tuple(slice(pi, pi + si) for pi, si in zip(p, size))]
-    return out_grad.squeeze(0) if unbatched else out_grad
-
-
-def _max_pool3d_with_indices_backward(grad_out, x, kernel_size, stride, padding, dilation, ceil_mode,
-                                    indices):
-    """Each output gradient added at the input position its maximum came from: `indices`
-    count within each channel's flattened spatial dims. torch-mlir lowers the 2d op but not
-    the 3d one."""
-    planes = list(x.shape[:-3])
-    numel = x.shape[-3] * x.shape[-2] * x.shape[-1]
-    grad = torch.zeros(planes + [numel], dtype=grad_out.dtype, device=grad_out.device)
-    # dim counted from the front: torch-mlir's scatter lowering crashes on a negative one
-    grad = grad.scatter_add(len(planes), indices.reshape(planes + [-1]), grad_out.reshape(planes + [-1]))
-    return grad.reshape(x.shape)
 
 
 def _as_strided_scatter(x, src, size, stride, storage_offset=None):
@@ -517,9 +397,9 @@ FALLBACK = {
     aten.empty_permuted.default: _empty_permuted,
     aten._scaled_dot_product_flash_attention_for_cpu_backward.default: _flash_attention_cpu_backward,
     aten.as_strided_scatter.default: _as_strided_scatter,
-    aten.avg_pool2d_backward.default: functools.partial(_avg_pool_backward, 2),
-    aten.avg_pool3d_backward.default: functools.partial(_avg_pool_backward, 3),
-    aten.max_pool3d_with_indices_backward.default: _max_pool3d_with_indices_backward,
+    aten.avg_pool2d_backward.default: functools.partial(avg_pool_backward, 2),
+    aten.avg_pool3d_backward.default: functools.partial(avg_pool_backward, 3),
+    aten.max_pool3d_with_indices_backward.default: max_pool3d_with_indices_backward,
     aten._weight_norm_interface_backward.default: _weight_norm_interface_backward,
     aten.convolution_backward.default: _transposed_convolution_backward,
 }

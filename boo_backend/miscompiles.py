@@ -86,7 +86,7 @@ def wrong_when_dynamic(node: fx.Node) -> bool:
 def wrong_in_iree(node: fx.Node) -> bool:
     """Whether IREE would compute `node` wrongly for its dtypes, so that it must run in eager:
     unsigned integers outside _UNSIGNED_SAFE, bools in _BOOL_WRONG, ops in _ALWAYS_WRONG,
-    and boolean-mask index_put that decompositions.PRE_LOWERING could not rewrite."""
+    and boolean-mask index_put that rewrites.PRE_LOWERING could not rewrite."""
     if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
         return False
     op = node.target

@@ -1,6 +1,6 @@
 """Pre-lowering rewrites: ATen calls that IREE 3.13 or torch-mlir get wrong, compile forever,
 or crash on, rewritten into ATen calls they get right. Imports only f64 (float64 math) and
-decompositions, both leaves.
+pooling, both leaves.
 
 Each entry of PRE_LOWERING returns NotImplemented for the calls it leaves alone, because
 make_fx applies the whole table once `needs_pre_lowering` says that some call needs it.
@@ -14,8 +14,8 @@ import threading
 
 import torch
 
-from .decompositions import ceil_mode_avg_pool
 from .f64 import F64_REWRITES, _negative
+from .pooling import ceil_mode_avg_pool
 
 aten = torch.ops.aten
 
@@ -190,6 +190,11 @@ def _index_put_mask(x, indices, values, accumulate=False):
     return aten.where.self(mask, values, x)
 
 
+def _wrapped(i, size):
+    """An integer index tensor made non-negative (i + size where i < 0), as eager reads it."""
+    return aten.where.self(aten.lt.Scalar(i, 0), aten.add.Scalar(i, size), i)
+
+
 def _index_put_wrapped(x, indices, values, accumulate=False):
     """index_put with its integer indices made non-negative (i + size where i < 0), as eager
     reads them: torch-mlir lowers index_put to a scatter that takes the indices as offsets,
@@ -197,10 +202,7 @@ def _index_put_wrapped(x, indices, values, accumulate=False):
     bounds and the compiled module corrupts memory or crashes."""
     if getattr(_NESTED, "index_put", False) or any(i is not None and i.dtype == torch.bool for i in indices):
         return NotImplemented
-    wrapped = [
-        None if i is None else aten.where.self(aten.lt.Scalar(i, 0), aten.add.Scalar(i, x.shape[d]), i)
-        for d, i in enumerate(indices)
-    ]
+    wrapped = [None if i is None else _wrapped(i, x.shape[d]) for d, i in enumerate(indices)]
     if len(wrapped) == 1 and wrapped[0].dim() > 1 and not all(isinstance(s, int) for s in wrapped[0].shape):
         # One index tensor of several symbolic dims (an embedding's backward with dynamic
         # shapes): torch-mlir's scatter lowering takes all but the first of its dims as 1, so
@@ -231,28 +233,21 @@ def _several_symbolic_indices(x, indices, *args, **kwargs) -> bool:
     return symbolic and _adjacent_indices(x, indices) is not None
 
 
-def _flat_index(x, indices):
-    """x with the indexed dims merged into one, and the index into that dim (each index
-    wrapped where negative, as eager reads it), for `x[..., i, j, ...]`."""
+def _index_flattened(x, indices):
+    """`x[i, j]` (index tensors on adjacent dims) as one index into those dims merged, each
+    index wrapped where negative, as eager reads it: torch-mlir fails to lower several index
+    tensors of symbolic sizes (CLIP's pooling, `h[arange(b), ids.argmax(-1)]`), and the graph
+    compiled once per shape."""
+    if not _several_symbolic_indices(x, indices):
+        return NotImplemented
     first, count = _adjacent_indices(x, indices)
     sizes = list(x.shape[first:first + count])
     flat = None
     for d, size in enumerate(sizes):
-        i = indices[first + d]
-        i = aten.where.self(aten.lt.Scalar(i, 0), aten.add.Scalar(i, size), i)
+        i = _wrapped(indices[first + d], size)
         flat = i if flat is None else aten.add.Tensor(aten.mul.Scalar(flat, size), i)
     merged = [*x.shape[:first], math.prod(sizes), *x.shape[first + count:]]
-    return aten.reshape.default(x, merged), [None] * first + [flat]
-
-
-def _index_flattened(x, indices):
-    """`x[i, j]` (index tensors on adjacent dims) as one index into those dims merged:
-    torch-mlir fails to lower several index tensors of symbolic sizes (CLIP's pooling,
-    `h[arange(b), ids.argmax(-1)]`), and the graph compiled once per shape."""
-    if not _several_symbolic_indices(x, indices):
-        return NotImplemented
-    merged, index = _flat_index(x, indices)
-    return aten.index.Tensor(merged, index)
+    return aten.index.Tensor(aten.reshape.default(x, merged), [None] * first + [flat])
 
 
 def _crop_negative_pads(x, pad, value=0.0):
