@@ -104,6 +104,26 @@ def _check_same_outputs(before: fx.GraphModule, after: fx.GraphModule, table: di
         )
 
 
+def _writes_an_input(target) -> bool:
+    schema = getattr(target, "_schema", None)
+    return schema is not None and any(a.alias_info is not None and a.alias_info.is_write for a in schema.arguments)
+
+
+def _check_functional(before: fx.GraphModule, after: fx.GraphModule) -> None:
+    """A decomposition must not write into a tensor (torch._decomp's constant_pad_nd copies
+    its input into a slice of a filled tensor with prims.copy_to): the graph is cut into parts
+    and islands as if every node were a pure function, so nothing would order the write
+    before the reads, and the results would be wrong. The decomposed op goes one step down
+    the fallback order instead."""
+    ours = {n.target for n in before.graph.nodes if n.op == "call_function"}
+    bad = {mlir_op_name(n.meta["original_aten"]) for n in after.graph.nodes
+           if n.op == "call_function" and n.target not in ours and _writes_an_input(n.target)
+           and isinstance(n.meta.get("original_aten"), torch._ops.OpOverload)}
+    if bad:
+        log.debug("boo: the decomposition of %s writes into a tensor", ", ".join(sorted(bad)))
+        raise Unlowerable(bad)
+
+
 def _describe(graph: fx.GraphModule) -> str:
     """The graph as matched: its code, then one line per node a composite computes."""
     lines = [graph.print_readable(print_output=False), "", "# composites:"]
@@ -184,6 +204,7 @@ class Assembly:
         else:
             graph = retrace(self.gm, args, table)
             _check_same_outputs(self.gm, graph, decompositions, self.symbolic)
+        _check_functional(self.gm, graph)
         graph = fusions.apply(fold_empty(graph))
         if dynamic and (wrong := sorted({mlir_op_name(n.target) for n in graph.graph.nodes if wrong_when_dynamic(n)})):
             raise NotDynamic(f"{', '.join(wrong)} with ceil_mode computes wrongly with symbolic sizes")

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import itertools
+import math
 
 import torch
 
@@ -176,6 +178,57 @@ def _scaled_mm(a, b, scale_a, scale_b, bias=None, scale_result=None, out_dtype=N
     if bias is not None:
         out = out + bias.to(f32)
     return out.to(out_dtype if out_dtype is not None else a.dtype)
+
+
+def _constant_pad_as_cat(x, pad, value=0.0):
+    """constant_pad_nd as slices (negative pads) and concatenations with filled blocks, all
+    functional. torch._decomp's entry writes x into a slice of a filled tensor with
+    prims.copy_to, a mutation that the partitioned graph does not order (wrong numbers when
+    it ran as an eager island)."""
+    for i in range(len(pad) // 2):
+        dim, left, right = x.dim() - 1 - i, pad[2 * i], pad[2 * i + 1]
+        x = aten.slice.Tensor(x, dim, torch.sym_max(-left, 0), x.shape[dim] - torch.sym_max(-right, 0))
+        pieces = []
+        for n in (left, right):
+            shape = list(x.shape)
+            shape[dim] = torch.sym_max(n, 0)
+            pieces.append(aten.full.default(shape, value, dtype=x.dtype, device=x.device))
+        x = aten.cat.default([pieces[0], x, pieces[1]], dim)
+    return x
+
+
+# More taps make a dispatch that, with symbolic sizes, needs more than the 64 push constants
+# IREE's CPU runtime takes (a 7x7 kernel needs 86).
+_MOST_TAPS = 16
+
+
+def _depthwise_convolution(x, weight, bias, stride, padding, dilation, transposed, output_padding, groups):
+    """A depthwise convolution (one input channel per group, one output channel per input
+    channel, few taps) as the sum over its taps of the padded input's strided slices, each
+    times that tap's per-channel weight. IREE 3.13 fails to compile a depthwise conv1d whose
+    input comes through a transpose and a slice when its sizes are symbolic ('failed to
+    resolve workgroup count hint': Mamba's causal conv over half of a projection), and the
+    graph compiled once per shape. Half types are summed in float32."""
+    nd, k = x.dim() - 2, list(weight.shape[2:])
+    if (transposed or x.dim() < 3 or groups != x.shape[1] or list(weight.shape[:2]) != [groups, 1]
+            or math.prod(k) > _MOST_TAPS):
+        return NotImplemented
+    acc = torch.float32 if x.dtype in (torch.float16, torch.bfloat16) else x.dtype
+    padded = _constant_pad_as_cat(x.to(acc), [e for p in reversed(padding) for e in (p, p)])
+    size = padded.shape[2:]
+    out = [(n - d * (kk - 1) - 1) // st + 1 for n, d, kk, st in zip(size, dilation, k, stride)]
+    w = weight.to(acc)
+    total = None
+    for tap in itertools.product(*[range(kk) for kk in k]):
+        piece = padded
+        for i, t in enumerate(tap):
+            start = t * dilation[i]
+            piece = aten.slice.Tensor(piece, 2 + i, start, start + (out[i] - 1) * stride[i] + 1, stride[i])
+        term = piece * w[(slice(None), 0, *tap)].reshape([-1] + [1] * nd)
+        total = term if total is None else total + term
+    if bias is not None:
+        total = total + bias.to(acc).reshape([-1] + [1] * nd)
+    return total.to(x.dtype)
 
 
 def _transposed_convolution_backward(grad, x, weight, bias_sizes, stride, padding, dilation, transposed,
@@ -403,4 +456,6 @@ FALLBACK = {
     aten.max_pool3d_with_indices_backward.default: max_pool3d_with_indices_backward,
     aten._weight_norm_interface_backward.default: _weight_norm_interface_backward,
     aten.convolution_backward.default: _transposed_convolution_backward,
+    aten.convolution.default: _depthwise_convolution,
+    aten.constant_pad_nd.default: _constant_pad_as_cat,
 }

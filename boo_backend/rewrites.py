@@ -262,6 +262,23 @@ def _crop_negative_pads(x, pad, value=0.0):
     return aten.constant_pad_nd.default(x, [max(p, 0) for p in pad], value)
 
 
+def _symbolic(x, *args, **kwargs) -> bool:
+    return not all(isinstance(n, int) for n in x.shape)
+
+
+def _split_as_slices(x, split_sizes, dim=0):
+    """split_with_sizes (chunk, split) as one slice per piece: torch-mlir fails to lower it
+    where any size of `x` is symbolic ('failed to legalize torch.constant.int'), and
+    torch._decomp's entry goes through as_strided, which takes no symbolic size, so a graph
+    that chunks a tensor (a fused gate and up projection, Mamba's x and z) compiled once per
+    shape."""
+    dim, start, pieces = dim % x.dim(), 0, []
+    for size in split_sizes:
+        pieces.append(aten.slice.Tensor(x, dim, start, start + size))
+        start = start + size
+    return pieces
+
+
 def _var_of_nothing(op):
     """var/std over zero elements is NaN (0/0 in eager); IREE's lowering gives -0.0."""
 
@@ -441,6 +458,7 @@ _REWRITES = {
     aten.avg_pool3d.default: (_ceil_mode, functools.partial(ceil_mode_avg_pool, 3)),
     aten.index_put.default: (_has_index, _first_of(_index_put_mask, _index_put_wrapped)),
     aten.index.Tensor: (_several_symbolic_indices, _index_flattened),
+    aten.split_with_sizes.default: (_symbolic, _split_as_slices),
     aten.mm.default: (_contracts_nothing, _empty_contraction(aten.mm.default)),
     aten.bmm.default: (_contracts_nothing, _empty_contraction(aten.bmm.default)),
     aten.addmm.default: (_contracts_nothing, _empty_contraction(aten.addmm.default)),
