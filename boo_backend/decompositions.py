@@ -180,20 +180,27 @@ def _scaled_mm(a, b, scale_a, scale_b, bias=None, scale_result=None, out_dtype=N
     return out.to(out_dtype if out_dtype is not None else a.dtype)
 
 
-def _constant_pad_as_cat(x, pad, value=0.0):
-    """constant_pad_nd as slices (negative pads) and concatenations with filled blocks, all
-    functional. torch._decomp's entry writes x into a slice of a filled tensor with
-    prims.copy_to, a mutation that the partitioned graph does not order (wrong numbers when
-    it ran as an eager island)."""
+def _constant_pad_by_gather(x, pad, value=0.0):
+    """constant_pad_nd without a write into a slice: along each padded dim, the input read at
+    clamped positions (index_select), and `value` where a position falls outside it; a
+    negative pad (a crop) is the same read. torch._decomp's entry writes x into a slice of a
+    filled tensor with prims.copy_to, a mutation the partitioned graph does not order, and
+    IREE 3.13 fails to compile a concatenation or a pad fed by a slice of symbolic size
+    ('failed to resolve workgroup count hint'); a gather compiles."""
     for i in range(len(pad) // 2):
         dim, left, right = x.dim() - 1 - i, pad[2 * i], pad[2 * i + 1]
-        x = aten.slice.Tensor(x, dim, torch.sym_max(-left, 0), x.shape[dim] - torch.sym_max(-right, 0))
-        pieces = []
-        for n in (left, right):
-            shape = list(x.shape)
-            shape[dim] = torch.sym_max(n, 0)
-            pieces.append(aten.full.default(shape, value, dtype=x.dtype, device=x.device))
-        x = aten.cat.default([pieces[0], x, pieces[1]], dim)
+        if isinstance(left, int) and isinstance(right, int) and left == 0 and right == 0:
+            continue
+        n = x.shape[dim]
+        shape = list(x.shape)
+        shape[dim] = n + left + right
+        if isinstance(n, int) and n == 0:
+            x = aten.full.default(shape, value, dtype=x.dtype, device=x.device)
+            continue
+        at = torch.arange(n + left + right, device=x.device) - left
+        picked = aten.index_select.default(x, dim, torch.clamp(at, 0, n - 1))
+        inside = ((at >= 0) & (at < n)).reshape([-1] + [1] * (x.dim() - 1 - dim))
+        x = aten.where.self(inside, picked, aten.scalar_tensor.default(value, dtype=x.dtype, device=x.device))
     return x
 
 
@@ -214,7 +221,7 @@ def _depthwise_convolution(x, weight, bias, stride, padding, dilation, transpose
             or math.prod(k) > _MOST_TAPS):
         return NotImplemented
     acc = torch.float32 if x.dtype in (torch.float16, torch.bfloat16) else x.dtype
-    padded = _constant_pad_as_cat(x.to(acc), [e for p in reversed(padding) for e in (p, p)])
+    padded = _constant_pad_by_gather(x.to(acc), [e for p in reversed(padding) for e in (p, p)])
     size = padded.shape[2:]
     out = [(n - d * (kk - 1) - 1) // st + 1 for n, d, kk, st in zip(size, dilation, k, stride)]
     w = weight.to(acc)
@@ -457,5 +464,5 @@ FALLBACK = {
     aten._weight_norm_interface_backward.default: _weight_norm_interface_backward,
     aten.convolution_backward.default: _transposed_convolution_backward,
     aten.convolution.default: _depthwise_convolution,
-    aten.constant_pad_nd.default: _constant_pad_as_cat,
+    aten.constant_pad_nd.default: _constant_pad_by_gather,
 }

@@ -33,8 +33,6 @@ CASES = {
                      (1,), [(2, 5, 17, 20), (3, 5, 30, 9), (1, 5, 67, 131)]),
 }
 
-_PER_SHAPE = {"pad_and_crop"}
-
 
 class _WithWeight(torch.nn.Module):
     def __init__(self, fn, weight):
@@ -75,10 +73,7 @@ def test_decomposition_in_iree_against_float64(case, dtype, dynamic, monkeypatch
     forwards = [p for p in placed if p.kind == "forward"]
     assert forwards and all(p.decomposed and not p.island_ops for p in forwards), [p.line() for p in placed]
     if dynamic:  # Dynamo may trace again (its own guards), but boo compiles no forward per shape
-        # except where IREE 3.13 fails on a concatenation fed by a slice of symbolic size
-        # ('failed to resolve workgroup count hint'): the crop, then the pad. Right, per shape.
-        per_shape = case in _PER_SHAPE
-        assert all(p.dynamic != per_shape for p in forwards), [p.line() for p in placed]
+        assert all(p.dynamic for p in forwards), [p.line() for p in placed]
 
 
 @pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
