@@ -366,9 +366,11 @@ def split_islands(gm: fx.GraphModule, places: dict[fx.Node, str],
 
 def split_independent(gm: fx.GraphModule, parts: int) -> tuple[fx.GraphModule, dict[str, str]]:
     """Cut `gm` into up to `parts` IREE submodules, each a run of whole connected components
-    of its computation (nodes joined by data edges; inputs join nothing). For graphs of many
-    independent chains, such as an optimizer step over many parameters, whose single module
-    IREE 3.13 builds with a dispatch of more bindings than its runtime allows (32)."""
+    of its computation (nodes joined by data edges; inputs join nothing), or, where it has
+    fewer components than parts, a run of its nodes in order. For graphs whose single module
+    IREE 3.13 builds with a dispatch of more bindings than its runtime allows (32): many
+    independent chains (an optimizer step over many parameters), or many inputs that meet
+    (gradient clipping's norms of every gradient, a sum of many tensors)."""
     parent: dict[fx.Node, fx.Node] = {}
 
     def root(n: fx.Node) -> fx.Node:
@@ -384,8 +386,11 @@ def split_independent(gm: fx.GraphModule, parts: int) -> tuple[fx.GraphModule, d
             if a in parent:
                 parent[root(a)] = root(n)
     components = list(dict.fromkeys(root(n) for n in calls))
-    chunk = {c: i * parts // len(components) for i, c in enumerate(components)}
-    index = {n: chunk[root(n)] for n in calls}
+    if len(components) >= parts:
+        chunk = {c: i * parts // len(components) for i, c in enumerate(components)}
+        index = {n: chunk[root(n)] for n in calls}
+    else:
+        index = {n: i * parts // len(calls) for i, n in enumerate(calls)}
     outer = split_module(gm, None, lambda n: index[n], keep_original_order=True)
     return outer, {f"submod_{k}": "iree" for k in set(index.values())}
 

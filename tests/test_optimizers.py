@@ -119,3 +119,53 @@ def test_a_tensor_learning_rate_changes_without_recompiling():
             compiles = boo_backend.stats().get("iree_compiles", 0)
     assert boo_backend.stats().get("iree_compiles", 0) == compiles, "the schedule recompiled the step"
     _no_islands()
+
+
+@pytest.mark.parametrize("count", [37, 150])
+def test_clipping_many_gradients_runs_in_iree(count):
+    """clip_grad_norm_ over more gradients than a dispatch may bind (IREE's runtime takes 32
+    when it records a dispatch, 64 when it loads one): IREE fused every gradient's norm into
+    one dispatch, its module failed to load, and the whole graph ran in eager. Its graph is
+    one connected computation, so it is cut into modules by node order. Strict mode."""
+    boo_backend.reset()
+    gen = torch.Generator().manual_seed(count)
+    params = [torch.nn.Parameter(torch.randn(5 + i % 7, 3, generator=gen)) for i in range(count)]
+    grads = [torch.randn(p.shape, generator=gen) for p in params]
+    for p, g in zip(params, grads):
+        p.grad = g.clone()
+    total = torch.compile(torch.nn.utils.clip_grad_norm_, backend="boo")(params, 0.5)
+    norms = torch.stack([g.double().norm() for g in grads])
+    expected = norms.norm()
+    torch.testing.assert_close(total.double(), expected, rtol=1e-6, atol=0)
+    for p, g in zip(params, grads):
+        torch.testing.assert_close(p.grad.double(), g.double() * 0.5 / (expected + 1e-6), rtol=1e-5, atol=1e-7)
+    _no_islands()
+
+
+def test_compiled_whole_train_step_of_a_deep_model():
+    """The whole step of a 20-layer MLP (40 parameters: more than a dispatch may bind)."""
+    boo_backend.reset()
+    torch.manual_seed(0)
+    layers = [torch.nn.Sequential(torch.nn.Linear(24, 24), torch.nn.Tanh()) for _ in range(20)]
+    model = torch.nn.Sequential(*layers)
+    ref = copy.deepcopy(model)
+    opt, ref_opt = OPTIMIZERS["adamw_foreach"](model.parameters()), OPTIMIZERS["adamw_foreach"](ref.parameters())
+
+    def train_step(model, opt, x):
+        loss = model(x).square().mean()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 0.1)
+        opt.step()
+        opt.zero_grad()
+        return loss
+
+    compiled = torch.compile(train_step, backend="boo")
+    gen = torch.Generator().manual_seed(3)
+    for _ in range(2):
+        x = torch.randn(9, 24, generator=gen)
+        torch.testing.assert_close(compiled(model, opt, x), train_step(ref, ref_opt, x), rtol=1e-5, atol=1e-6)
+        _params_close(model, ref)
+        _state_close(opt, ref_opt)
+        ref.load_state_dict(model.state_dict())
+        ref_opt.load_state_dict(copy.deepcopy(opt.state_dict()))
+    _no_islands()
