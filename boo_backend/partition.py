@@ -22,7 +22,7 @@ import torch.fx.traceback as fx_traceback
 from torch._decomp import get_decompositions
 from torch._dispatch.python import enable_python_dispatcher
 from torch._guards import detect_fake_mode
-from torch.fx.experimental.proxy_tensor import make_fx
+from torch.fx.experimental.proxy_tensor import disable_proxy_modes_tracing, make_fx
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 from torch.fx.passes.split_module import split_module
 
@@ -200,8 +200,11 @@ def op_for_name(name: str):
 
 def _same_strides(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Equal strides wherever a size is not 1 (a size-1 dim's stride means nothing), decided
-    without a guard on symbolic sizes."""
-    return all(n == 1 or statically_known_true(x == y) for n, x, y in zip(a.shape, a.stride(), b.stride()))
+    without a guard on symbolic sizes, and outside the trace: a comparison of strides that no
+    node computes (s0*s1**2 where height and width are one symbol) cannot be traced."""
+    with disable_proxy_modes_tracing():
+        return all(statically_known_true(n == 1) or statically_known_true(x == y)
+                   for n, x, y in zip(a.shape, a.stride(), b.stride()))
 
 
 def _to_layout(x, like):
@@ -209,7 +212,8 @@ def _to_layout(x, like):
     itself when it has them already or when `like` is not a dense permuted layout."""
     if not isinstance(x, torch.Tensor) or not isinstance(like, torch.Tensor) or _same_strides(x, like):
         return x
-    order = symbolic.outer_first(like)
+    with disable_proxy_modes_tracing():  # comparisons of strides, as in _same_strides
+        order = symbolic.outer_first(like)
     inverse = sorted(range(like.dim()), key=order.__getitem__)
     out = x.permute(order).contiguous().permute(inverse)
     return out if _same_strides(out, like) else x

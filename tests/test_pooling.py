@@ -54,3 +54,29 @@ def test_pooling_forward_and_backward_in_iree(case, dtype, dynamic, monkeypatch)
     if dynamic:  # Dynamo may trace again (its own guards), but boo compiles no forward per shape
         forwards = [p for p in placed if p.kind == "forward"]
         assert forwards and all(p.dynamic for p in forwards), [p.line() for p in placed]
+
+
+@pytest.mark.parametrize("pool", ["avg", "max"])
+def test_square_images_are_one_module_forward_and_backward(pool, monkeypatch):
+    """Height and width of one symbol (square images, PoolFormer's pooling): the decomposed
+    backward's strides are products of that symbol (s0*s1**2) that no node computes, and
+    comparing them inside the retrace failed ('not tracked with proxy'), so the backward
+    compiled once per shape."""
+    monkeypatch.setenv("BOO_VERIFY", "off")
+    fn = {"avg": lambda x: F.avg_pool2d(x, 3, 1, 1) - x, "max": lambda x: F.max_pool3d(x, 2, 2)}[pool]
+    boo_backend.reset()
+    run = torch.compile(fn, backend="boo", dynamic=True)
+    for side in (16, 37, 70, 131) if pool == "avg" else (6, 9, 14):
+        shape = (2, 4, side, side) if pool == "avg" else (2, 3, side, side, side)
+        g = torch.Generator().manual_seed(side)
+        x = torch.randn(shape, generator=g).requires_grad_()
+        x64 = x.detach().double().requires_grad_()
+        ours, ref = run(x), fn(x64)
+        grad = torch.randn(ref.shape, generator=g)
+        (dx,) = torch.autograd.grad(ours, x, grad)
+        (dx64,) = torch.autograd.grad(ref, x64, grad.double())
+        close_to_scale(ours, ref.float(), f"{pool} forward at {side}", rel=1e-5)
+        close_to_scale(dx, dx64.float(), f"{pool} backward at {side}", rel=1e-5)
+    placed = boo_backend.placements()
+    assert {p.kind for p in placed} == {"forward", "backward"} and all(p.dynamic for p in placed), \
+        [p.line() for p in placed]
