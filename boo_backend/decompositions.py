@@ -1,4 +1,4 @@
-"""boo's own FX-level rewrites. Imports only pooling, a leaf.
+"""boo's own FX-level rewrites. Imports only pooling and symbolic, both leaves.
 
 - AOT: entries that replace core ATen's in the table given to AOTAutograd.
 - FALLBACK: decompositions for ops that torch-mlir cannot lower and whose torch._decomp entry
@@ -14,9 +14,11 @@ import functools
 import itertools
 import math
 
+import sympy
 import torch
 
 from .pooling import avg_pool_backward, max_pool3d_with_indices_backward
+from .symbolic import expr
 
 aten = torch.ops.aten
 
@@ -139,7 +141,9 @@ def _as_strided_scatter(x, src, size, stride, storage_offset=None):
     for s in reversed(size):
         expected.append(acc)
         acc *= s
-    if all(st == e for s, st, e in zip(size, stride, reversed(expected)) if s != 1):
+    if all(expr(s) == 1 or expr(st) - expr(e) == 0 for s, st, e in zip(size, stride, reversed(expected))):
+        if expr(offset) == 0 and sympy.expand(expr(numel) - expr(flat.shape[0])) == 0:
+            return values.reshape(x.shape)  # the whole of x (sizes may be symbolic)
         out = aten.slice_scatter.default(flat, values, 0, offset, offset + numel)
     else:
         index = torch.full([1] * len(size), offset, dtype=torch.int64, device=x.device)

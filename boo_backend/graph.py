@@ -22,7 +22,7 @@ import torch.fx as fx
 from . import blocks, saved, symbolic
 from .assemble import Assembly, NotDynamic
 from .cache import CompileCache, timed
-from .compile import Target, compile_mlir, compile_flags, target_for
+from .compile import BooCompileTimeout, Target, compile_mlir, compile_flags, target_for
 from .config import BooFallbackWarning, BooStrictError, Options
 from .decompositions import UNLOWERED
 from .diagnose import first_error
@@ -237,6 +237,12 @@ class CompiledGraph(Assembly):
         dump = self._dump_dir(name)
         env = self._shape_env() if dynamic else None
         guards = len(env.guards) if env is not None else 0
+        # A graph that did not compile for every size is not tried again by a later process
+        # (each try costs the failed compiles: minutes for a large graph).
+        refused_key = self.cache.key("not-dynamic", plan_key, host=target.host_specific)
+        refused = self.cache.get_json(refused_key) if dynamic else None
+        if refused is not None:
+            raise NotDynamic(f"{refused['why']} (remembered from an earlier process)")
         try:
             try:
                 runner, used, aten, island = self._assemble_until_placed(args, plan, dump, dynamic)
@@ -244,10 +250,15 @@ class CompiledGraph(Assembly):
                 if env is not None and len(env.guards) > guards:
                     _ADDED_GUARDS.setdefault(env, []).extend(sympy.srepr(g.expr) for g in env.guards[guards:])
             conditions = self._conditions_of(env) if env is not None else []
-        except (BooStrictError, NotDynamic):
+        except BooStrictError:
+            raise
+        except NotDynamic as e:
+            self.cache.put_json(refused_key, {"why": str(e)})
             raise
         except Exception as e:  # anything the compiler stack throws that we cannot attribute
             if dynamic:
+                if not isinstance(e, BooCompileTimeout):  # a longer limit may let it compile
+                    self.cache.put_json(refused_key, {"why": first_error(e)})
                 raise NotDynamic(first_error(e)) from e
             what = f"{self.kind} graph {name} failed to compile: {first_error(e)}"
             if self.opts.strict:

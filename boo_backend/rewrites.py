@@ -1,6 +1,6 @@
 """Pre-lowering rewrites: ATen calls that IREE 3.13 or torch-mlir get wrong, compile forever,
-or crash on, rewritten into ATen calls they get right. Imports only f64 (float64 math) and
-pooling, both leaves.
+or crash on, rewritten into ATen calls they get right. Imports only f64 (float64 math),
+pooling and symbolic, all leaves.
 
 Each entry of PRE_LOWERING returns NotImplemented for the calls it leaves alone, because
 make_fx applies the whole table once `needs_pre_lowering` says that some call needs it.
@@ -12,10 +12,12 @@ import functools
 import math
 import threading
 
+import sympy
 import torch
 
 from .f64 import F64_REWRITES, _negative
 from .pooling import ceil_mode_avg_pool
+from .symbolic import expr, is_row_major
 
 aten = torch.ops.aten
 
@@ -279,6 +281,27 @@ def _split_as_slices(x, split_sizes, dim=0):
     return pieces
 
 
+def _only_reshapes(x, size, stride, storage_offset=None) -> bool:
+    """An as_strided with symbolic sizes that reads all of a row-major x in order: as many
+    elements, row-major strides (those of size-1 dims aside), from the start. AOTAutograd
+    writes one to give an output eager's strides (global pooling of a channels_last input:
+    [n, c, 1, 1] with strides [c, 1, c, c]) and in the backward of that view, and
+    torch-mlir's importer takes as_strided only at static sizes, so such graphs compiled
+    once per shape."""
+    if all(isinstance(n, int) for n in (*size, *stride, *x.shape)):
+        return False
+    offset = x.storage_offset() if storage_offset is None else storage_offset
+    return (expr(offset) == 0 and expr(x.storage_offset()) == 0
+            and sympy.expand(expr(math.prod(size)) - expr(x.numel())) == 0
+            and is_row_major(size, stride) and is_row_major(x.shape, x.stride()))
+
+
+def _as_strided_as_view(x, size, stride, storage_offset=None):
+    if not _only_reshapes(x, size, stride, storage_offset):
+        return NotImplemented
+    return aten.view.default(x, list(size))
+
+
 def _var_of_nothing(op):
     """var/std over zero elements is NaN (0/0 in eager); IREE's lowering gives -0.0."""
 
@@ -459,6 +482,8 @@ _REWRITES = {
     aten.index_put.default: (_has_index, _first_of(_index_put_mask, _index_put_wrapped)),
     aten.index.Tensor: (_several_symbolic_indices, _index_flattened),
     aten.split_with_sizes.default: (_symbolic, _split_as_slices),
+    aten.as_strided.default: (_only_reshapes, _as_strided_as_view),
+
     aten.mm.default: (_contracts_nothing, _empty_contraction(aten.mm.default)),
     aten.bmm.default: (_contracts_nothing, _empty_contraction(aten.bmm.default)),
     aten.addmm.default: (_contracts_nothing, _empty_contraction(aten.addmm.default)),
