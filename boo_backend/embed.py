@@ -39,14 +39,19 @@ class _Lazy:
 ir = _Lazy("torch_mlir.ir")
 func_d = _Lazy("torch_mlir.dialects.func")
 
-_ELEMENT = {torch.float32: "F32Type", torch.bfloat16: "BF16Type", torch.float16: "F16Type"}
+
+def _vtensor(builtin: ir.Type) -> ir.Type:
+    """The torch value-tensor type of a builtin tensor type (same sizes, same element type)."""
+    shaped = ir.RankedTensorType(builtin)
+    dims = ",".join("?" if ir.ShapedType.is_dynamic_size(d) else str(d) for d in shaped.shape)
+    return ir.Type.parse(f"!torch.vtensor<[{dims}],{shaped.element_type}>")
 
 
-def _builtin(t: torch.Tensor) -> ir.Type:
-    """The builtin tensor type of a FakeTensor; a symbolic size is a `?` dim, as the importer
-    gives it (and as composites.size makes it in a kernel's parameters)."""
-    dims = [ir.ShapedType.get_dynamic_size() if s is None else s for s in composites.sizes(t.shape)]
-    return ir.RankedTensorType.get(dims, getattr(ir, _ELEMENT[t.dtype]).get())
+def _cast(value: ir.Value, to: ir.Type) -> ir.Value:
+    """`value` as type `to` (sizes made static or dynamic), where its type differs."""
+    if str(value.type) == str(to):
+        return value
+    return ir.Operation.create("torch.tensor_static_info_cast", results=[to], operands=[value]).result
 
 
 def _kernel_text(call) -> tuple[str, str]:
@@ -141,24 +146,26 @@ def embed(module: ir.Module, graph: fx.Graph) -> list[str]:
                     kop.detach_from_parent()
                     module.body.append(kop)
                     used[fname] = kop
-            outs = node.meta["val"] if isinstance(node.meta["val"], (tuple, list)) else [node.meta["val"]]
-            operands, node_args = list(op.operands), schema_args(node)
+            # The kernel's own types: a size it takes as static may be `?` in the imported
+            # module (a width after a view of symbolic sizes that the importer could not fold:
+            # MobileViT's unfolded patches), and the call must match the kernel exactly.
+            kernel_type = ir.FunctionType(ir.TypeAttr(used[fname].attributes["function_type"]).value)
+            operands = list(op.operands)
             with ir.InsertionPoint(op):
                 ins = [
                     ir.Operation.create(
-                        "torch_c.to_builtin_tensor", results=[_builtin(node_args[i].meta["val"])],
-                        operands=[operands[i]],
+                        "torch_c.to_builtin_tensor", results=[want],
+                        operands=[_cast(operands[i], _vtensor(want))],
                     ).result
-                    for i in call.arg_positions
+                    for i, want in zip(call.arg_positions, kernel_type.inputs)
                 ]
-                result_types = [_builtin(outs[i]) for i in call.results]
-                kcall = func_d.CallOp(result_types, ir.FlatSymbolRefAttr.get(fname), ins)
+                kcall = func_d.CallOp(list(kernel_type.results), ir.FlatSymbolRefAttr.get(fname), ins)
                 for k, i in enumerate(call.results):
                     back = ir.Operation.create(
-                        "torch_c.from_builtin_tensor", results=[op.results[i].type],
+                        "torch_c.from_builtin_tensor", results=[_vtensor(kernel_type.results[k])],
                         operands=[kcall.results[k]],
                     )
-                    op.results[i].replace_all_uses_with(back.result)
+                    op.results[i].replace_all_uses_with(_cast(back.result, op.results[i].type))
             for r in op.results:
                 if list(r.uses):
                     raise BooError(f"boo: {node.name}: a result the composite does not compute is still used")

@@ -267,6 +267,84 @@ def test_chunk_and_split_are_one_module_for_every_size(split, monkeypatch):
     assert placed and all(p.dynamic and not p.island for p in placed), [p.line() for p in placed]
 
 
+def test_channels_last_cnn_is_one_module_for_every_size(monkeypatch):
+    """A CNN fed channels_last images (a common speed setting): AOTAutograd gives the globally
+    pooled output eager's channels_last strides with an as_strided of symbolic sizes, which
+    torch-mlir's importer refused, so forward and backward compiled once per shape."""
+    monkeypatch.setenv("BOO_CACHE", "0")
+    monkeypatch.setenv("BOO_VERIFY", "off")  # a wrong dynamic module must not be caught and hidden
+    boo_backend.reset()
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(), nn.MaxPool2d(2),
+                          nn.Conv2d(16, 16, 3, padding=1, groups=4), nn.GELU(), nn.AdaptiveAvgPool2d(1),
+                          nn.Flatten(), nn.Linear(16, 5))
+    ref = copy.deepcopy(model)
+    run = torch.compile(model, backend="boo", dynamic=True)
+    for b, side in [(2, 16), (3, 37), (4, 70), (2, 131)]:
+        x = torch.randn(b, 3, side, side).to(memory_format=torch.channels_last)
+        loss, grads = _step(model, run, lambda m, x: m(x).square().mean(), x)
+        ref_loss, ref_grads = _step(ref, ref, lambda m, x: m(x).square().mean(), x)
+        assert_close(loss, ref_loss, f"loss at {(b, side)}")
+        for name in ref_grads:
+            assert_close(grads[name], ref_grads[name], f"grad of {name} at {(b, side)}", rtol=1e-3, atol=1e-5)
+    placed = boo_backend.placements()
+    assert {p.kind for p in placed} == {"forward", "backward"} and all(p.dynamic for p in placed), \
+        [p.line() for p in placed]
+
+
+def test_a_graph_refused_for_every_size_is_not_tried_again_by_a_later_process(monkeypatch, tmp_path, caplog):
+    """The refusal is kept in the compile cache: a warm process compiles per shape at once,
+    without the failed compiles (MobileViT's paid minutes for them in every process). A
+    change to the graph is a different key, and tries again."""
+    real = boo_backend.torch_import.import_core
+    tries = []
+
+    def refuse_symbolic(core):
+        if any(isinstance(s, torch.SymInt) for n in core.graph.nodes for s in getattr(n.meta.get("val"), "shape", ())):
+            tries.append(1)
+            raise NotImplementedError("symbolic sizes refused by this test")
+        return real(core)
+
+    monkeypatch.setattr(boo_backend.torch_import, "import_core", refuse_symbolic)
+    monkeypatch.setenv("BOO_CACHE_DIR", str(tmp_path))
+    caplog.set_level(logging.DEBUG, logger="boo_backend")
+    for process, op in enumerate((torch.tanh, torch.tanh, torch.sigmoid)):  # the third: another graph
+        boo_backend.reset()
+        torch._dynamo.reset()
+        tries.clear()
+        fn = lambda x: op(x) * 3  # noqa: E731
+        run = torch.compile(fn, backend="boo", dynamic=True)
+        for n in (5, 7, 9):
+            x = torch.randn(n, 3)
+            assert_close(run(x), fn(x), f"at {n}")
+        assert len(boo_backend.placements()) == 3 and not any(p.dynamic for p in boo_backend.placements())
+        assert bool(tries) == (process != 1), (process, tries)
+    assert "remembered from an earlier process" in caplog.text
+
+
+def test_a_kernel_whose_width_the_importer_left_dynamic_is_one_module(monkeypatch):
+    """MobileViT's transformer normalizes unfolded patches: the layer-norm kernel takes the
+    width (16) as static, but torch-mlir typed the view that feeds it with a `?` there, so the
+    call did not match the kernel ('operand type mismatch') and the graph compiled once per
+    batch size. The call now casts to the kernel's own types. Inference, strict mode."""
+    import transformers
+    monkeypatch.setenv("BOO_CACHE", "0")
+    monkeypatch.setenv("BOO_VERIFY", "off")  # a wrong dynamic module must not be caught and hidden
+    boo_backend.reset()
+    torch.manual_seed(0)
+    config = transformers.MobileViTConfig(
+        image_size=32, hidden_sizes=[8, 16, 16], neck_hidden_sizes=[8, 8, 16, 16, 24, 24, 32], num_attention_heads=2,
+        hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, classifier_dropout_prob=0.0, num_labels=5)
+    model = transformers.MobileViTForImageClassification(config).eval()
+    run = torch.compile(model, backend="boo", dynamic=True)
+    with torch.no_grad():
+        for b in (2, 3, 7):
+            x = torch.randn(b, 3, 32, 32)
+            assert_close(run(pixel_values=x).logits, model(pixel_values=x).logits, f"logits at batch {b}")
+    placed = boo_backend.placements()
+    assert len(placed) == 1 and placed[0].dynamic and placed[0].composites, [p.line() for p in placed]
+
+
 def test_op_unlowerable_only_at_symbolic_sizes_compiles_per_shape_in_strict_mode(monkeypatch):
     """An op that IREE rejects with symbolic sizes and that has no decomposition: the graph
     compiles per shape, where it lowers, rather than keep the op in an island, which strict
