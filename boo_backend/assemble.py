@@ -104,9 +104,15 @@ def _check_same_outputs(before: fx.GraphModule, after: fx.GraphModule, table: di
         )
 
 
-def _writes_an_input(target) -> bool:
+def _writes_into_its_input(target) -> bool:
+    """Whether `target` writes into its first argument, as in-place ops and prims.copy_to do
+    (not ops that may write other arguments: batch norm's running statistics, written only
+    in training, which its own entries handle)."""
     schema = getattr(target, "_schema", None)
-    return schema is not None and any(a.alias_info is not None and a.alias_info.is_write for a in schema.arguments)
+    if schema is None or not schema.arguments:
+        return False
+    alias = schema.arguments[0].alias_info
+    return alias is not None and alias.is_write
 
 
 def _check_functional(before: fx.GraphModule, after: fx.GraphModule) -> None:
@@ -117,7 +123,7 @@ def _check_functional(before: fx.GraphModule, after: fx.GraphModule) -> None:
     the fallback order instead."""
     ours = {n.target for n in before.graph.nodes if n.op == "call_function"}
     bad = {mlir_op_name(n.meta["original_aten"]) for n in after.graph.nodes
-           if n.op == "call_function" and n.target not in ours and _writes_an_input(n.target)
+           if n.op == "call_function" and n.target not in ours and _writes_into_its_input(n.target)
            and isinstance(n.meta.get("original_aten"), torch._ops.OpOverload)}
     if bad:
         log.debug("boo: the decomposition of %s writes into a tensor", ", ".join(sorted(bad)))

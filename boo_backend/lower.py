@@ -18,6 +18,7 @@ import pickle
 
 import torch
 import torch.fx as fx
+from torch.fx.passes.shape_prop import _extract_tensor_metadata
 
 from . import symbolic, torch_import
 from .config import BooError
@@ -182,6 +183,26 @@ def _on_host(node: fx.Node) -> bool:
     return isinstance(val, torch.SymFloat) or (isinstance(val, torch.SymInt) and node.target not in _IMPORTED_SIZE_OPS)
 
 
+def _sizes_as_tensors(graph: fx.Graph, node: fx.Node) -> None:
+    """A size (a SymInt or SymFloat node) given where the op takes a Tensor becomes a 0-d
+    tensor, as eager wraps a number (`torch.div(n, w, rounding_mode="trunc")` of two sizes,
+    Longformer's chunk count). torch-mlir imports it as a !torch.int operand, which the op
+    rejects, and the graph compiled once per shape."""
+    schema = getattr(node.target, "_schema", None)
+    if schema is None:
+        return
+    for i, arg in enumerate(schema.arguments[:len(node.args)]):
+        value = node.args[i]
+        if (isinstance(arg.type, torch.TensorType) and isinstance(value, fx.Node)
+                and isinstance(v := value.meta.get("val"), (torch.SymInt, torch.SymFloat))):
+            dtype = torch.int64 if isinstance(v, torch.SymInt) else torch.float64
+            with graph.inserting_before(node):
+                wrapped = graph.call_function(torch.ops.aten.scalar_tensor.default, (value,), {"dtype": dtype})
+            val = torch.empty((), dtype=dtype, device="meta")
+            wrapped.meta = {"val": val, "tensor_meta": _extract_tensor_metadata(val)}
+            node.update_arg(i, wrapped)
+
+
 def build_core(gm: fx.GraphModule) -> tuple[fx.GraphModule, list, list, list, bool]:
     """Split `gm` into the IREE core graph and the Python-side input/output plan."""
     graph = fx.Graph()
@@ -227,6 +248,7 @@ def build_core(gm: fx.GraphModule) -> tuple[fx.GraphModule, list, list, list, bo
             inputs.append(("size", symbolic.text(node.meta["val"])))
         elif node.op == "call_function":
             env[node] = graph.node_copy(node, lambda n: env[n])
+            _sizes_as_tensors(graph, env[node])
         elif node.op != "output":
             raise BooError(f"boo: unexpected FX node {node.op} {node.target} in an ATen graph")
 

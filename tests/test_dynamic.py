@@ -345,6 +345,26 @@ def test_a_kernel_whose_width_the_importer_left_dynamic_is_one_module(monkeypatc
     assert len(placed) == 1 and placed[0].dynamic and placed[0].composites, [p.line() for p in placed]
 
 
+def test_sizes_given_where_an_op_takes_a_tensor_are_one_module(monkeypatch):
+    """`torch.div(seq_len, w, rounding_mode="trunc")` of sizes (Longformer's chunk count)
+    traces to div.Tensor_mode of two SymInts; torch-mlir imported them as ints, which the op
+    rejects, and five of Longformer's graphs compiled once per shape."""
+    monkeypatch.setenv("BOO_CACHE", "0")
+    monkeypatch.setenv("BOO_VERIFY", "off")  # a wrong dynamic module must not be caught and hidden
+    boo_backend.reset()
+
+    def fn(x):
+        chunks = torch.div(x.shape[1], 4, rounding_mode="trunc") - 1
+        return x * chunks + torch.mul(x.shape[0], 0.5)
+
+    run = torch.compile(fn, backend="boo", dynamic=True)
+    for b, s in [(2, 37), (3, 70), (2, 131)]:
+        x = torch.randn(b, s, 8)
+        close_to_scale(run(x), fn(x.double()).float(), f"at {(b, s)}")
+    placed = boo_backend.placements()
+    assert len(placed) == 1 and placed[0].dynamic, [p.line() for p in placed]
+
+
 def test_op_unlowerable_only_at_symbolic_sizes_compiles_per_shape_in_strict_mode(monkeypatch):
     """An op that IREE rejects with symbolic sizes and that has no decomposition: the graph
     compiles per shape, where it lowers, rather than keep the op in an island, which strict
