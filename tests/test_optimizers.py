@@ -65,29 +65,26 @@ def test_compiled_optimizer_step_matches_eager(name):
     _no_islands()
 
 
-@pytest.mark.parametrize("name", ["sgd_momentum", "adamw_foreach", "adamw_tensor_lr"])
-def test_compiled_whole_train_step(name):
+def _check_whole_step(model, ref, name, loss_of, batch, steps=3, max_norm=1.0):
     """Forward, loss, backward, clip_grad_norm_, opt.step() and zero_grad in one compiled
-    function, 3 steps; each step starts from the same parameters and state as eager's (Adam
-    magnifies tiny gradient differences near zero, so a free-running comparison would drift)."""
-    boo_backend.reset()
-    model, ref = _model(), _model()
+    function, against eager; each step starts from the same parameters and state as eager's
+    (Adam magnifies tiny gradient differences near zero, so a free-running comparison would
+    drift)."""
     opt, ref_opt = OPTIMIZERS[name](model.parameters()), OPTIMIZERS[name](ref.parameters())
-    loss_fn = torch.nn.CrossEntropyLoss()
 
-    def train_step(model, opt, x, y):
-        loss = loss_fn(model(x), y)
+    def train_step(model, opt, *inputs):
+        loss = loss_of(model, *inputs)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
         opt.step()
         opt.zero_grad()
         return loss
 
     compiled = torch.compile(train_step, backend="boo")
     gen = torch.Generator().manual_seed(2)
-    for _ in range(3):
-        x, y = torch.randn(13, 37, generator=gen), torch.randint(0, 11, (13,), generator=gen)
-        loss, ref_loss = compiled(model, opt, x, y), train_step(ref, ref_opt, x, y)
+    for _ in range(steps):
+        inputs = batch(gen)
+        loss, ref_loss = compiled(model, opt, *inputs), train_step(ref, ref_opt, *inputs)
         torch.testing.assert_close(loss, ref_loss, rtol=1e-5, atol=1e-6)
         _params_close(model, ref)
         _state_close(opt, ref_opt)
@@ -95,6 +92,14 @@ def test_compiled_whole_train_step(name):
         ref_opt.load_state_dict(copy.deepcopy(opt.state_dict()))
     _no_islands()
     assert {"forward", "backward"} <= {p.kind for p in boo_backend.placements()}
+
+
+@pytest.mark.parametrize("name", ["sgd_momentum", "adamw_foreach", "adamw_tensor_lr"])
+def test_compiled_whole_train_step(name):
+    boo_backend.reset()
+    loss_fn = torch.nn.CrossEntropyLoss()
+    _check_whole_step(_model(), _model(), name, lambda m, x, y: loss_fn(m(x), y),
+                      lambda gen: (torch.randn(13, 37, generator=gen), torch.randint(0, 11, (13,), generator=gen)))
 
 
 def test_a_tensor_learning_rate_changes_without_recompiling():
@@ -146,26 +151,6 @@ def test_compiled_whole_train_step_of_a_deep_model():
     """The whole step of a 20-layer MLP (40 parameters: more than a dispatch may bind)."""
     boo_backend.reset()
     torch.manual_seed(0)
-    layers = [torch.nn.Sequential(torch.nn.Linear(24, 24), torch.nn.Tanh()) for _ in range(20)]
-    model = torch.nn.Sequential(*layers)
-    ref = copy.deepcopy(model)
-    opt, ref_opt = OPTIMIZERS["adamw_foreach"](model.parameters()), OPTIMIZERS["adamw_foreach"](ref.parameters())
-
-    def train_step(model, opt, x):
-        loss = model(x).square().mean()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 0.1)
-        opt.step()
-        opt.zero_grad()
-        return loss
-
-    compiled = torch.compile(train_step, backend="boo")
-    gen = torch.Generator().manual_seed(3)
-    for _ in range(2):
-        x = torch.randn(9, 24, generator=gen)
-        torch.testing.assert_close(compiled(model, opt, x), train_step(ref, ref_opt, x), rtol=1e-5, atol=1e-6)
-        _params_close(model, ref)
-        _state_close(opt, ref_opt)
-        ref.load_state_dict(model.state_dict())
-        ref_opt.load_state_dict(copy.deepcopy(opt.state_dict()))
-    _no_islands()
+    model = torch.nn.Sequential(*[torch.nn.Sequential(torch.nn.Linear(24, 24), torch.nn.Tanh()) for _ in range(20)])
+    _check_whole_step(model, copy.deepcopy(model), "adamw_foreach", lambda m, x: m(x).square().mean(),
+                      lambda gen: (torch.randn(9, 24, generator=gen),), steps=2, max_norm=0.1)
