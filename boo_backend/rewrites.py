@@ -302,6 +302,27 @@ def _as_strided_as_view(x, size, stride, storage_offset=None):
     return aten.view.default(x, list(size))
 
 
+def _short_conv_lists(grad, x, weight, bias_sizes, stride, padding, dilation, *args, **kwargs) -> bool:
+    """A convolution_backward whose stride, padding or dilation holds one entry for several
+    spatial dims (`padding="valid"` gives [0])."""
+    spatial = weight.dim() - 2
+    return spatial > 1 and any(len(v) == 1 for v in (stride, padding, dilation))
+
+
+def _conv_backward_full_lists(grad, x, weight, bias_sizes, stride, padding, dilation, transposed,
+                              output_padding, groups, output_mask):
+    """convolution_backward with one stride, padding and dilation entry per spatial dim:
+    torch-mlir's lowering reads past a one-entry list with symbolic sizes, and iree-compile
+    crashed (EfficientNet's `padding="valid"` convolutions; their backward compiled once per
+    shape)."""
+    if not _short_conv_lists(grad, x, weight, bias_sizes, stride, padding, dilation):
+        return NotImplemented
+    spatial = weight.dim() - 2
+    full = [list(v) * spatial if len(v) == 1 else list(v) for v in (stride, padding, dilation, output_padding)]
+    return aten.convolution_backward.default(grad, x, weight, bias_sizes, *full[:3], transposed, full[3], groups,
+                                             output_mask)
+
+
 def _var_of_nothing(op):
     """var/std over zero elements is NaN (0/0 in eager); IREE's lowering gives -0.0."""
 
@@ -483,6 +504,7 @@ _REWRITES = {
     aten.index.Tensor: (_several_symbolic_indices, _index_flattened),
     aten.split_with_sizes.default: (_symbolic, _split_as_slices),
     aten.as_strided.default: (_only_reshapes, _as_strided_as_view),
+    aten.convolution_backward.default: (_short_conv_lists, _conv_backward_full_lists),
 
     aten.mm.default: (_contracts_nothing, _empty_contraction(aten.mm.default)),
     aten.bmm.default: (_contracts_nothing, _empty_contraction(aten.bmm.default)),

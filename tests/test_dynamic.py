@@ -365,6 +365,29 @@ def test_sizes_given_where_an_op_takes_a_tensor_are_one_module(monkeypatch):
     assert len(placed) == 1 and placed[0].dynamic, [p.line() for p in placed]
 
 
+def test_valid_padding_convolution_backward_is_one_module(monkeypatch):
+    """`Conv2d(padding="valid")` (EfficientNet's strided depthwise convs) leaves one padding
+    entry for two spatial dims in its backward; with symbolic sizes torch-mlir's lowering read
+    past it and iree-compile crashed, so the backward compiled once per shape."""
+    monkeypatch.setenv("BOO_CACHE", "0")
+    monkeypatch.setenv("BOO_VERIFY", "off")  # a wrong dynamic module must not be caught and hidden
+    boo_backend.reset()
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(8, 8, 3, 2, padding="valid", groups=8), nn.GELU(), nn.Conv2d(8, 4, 1))
+    ref = copy.deepcopy(model)
+    run = torch.compile(model, backend="boo", dynamic=True)
+    for b, side in [(2, 16), (3, 37), (2, 70)]:
+        x = torch.randn(b, 8, side, side)
+        loss, grads = _step(model, run, lambda m, x: m(x).square().mean(), x)
+        ref_loss, ref_grads = _step(ref, ref, lambda m, x: m(x).square().mean(), x)
+        assert_close(loss, ref_loss, f"loss at {(b, side)}")
+        for name in ref_grads:
+            assert_close(grads[name], ref_grads[name], f"grad of {name} at {(b, side)}")
+    placed = boo_backend.placements()
+    assert [p.kind for p in placed] == ["forward", "backward"] and all(p.dynamic for p in placed), \
+        [p.line() for p in placed]
+
+
 def test_op_unlowerable_only_at_symbolic_sizes_compiles_per_shape_in_strict_mode(monkeypatch):
     """An op that IREE rejects with symbolic sizes and that has no decomposition: the graph
     compiles per shape, where it lowers, rather than keep the op in an island, which strict
