@@ -82,7 +82,7 @@ def ceil_mode_avg_pool(nd: int, x, kernel_size, stride=(), padding=0, ceil_mode=
 
 
 def avg_pool_backward(nd: int, grad_out, x, kernel_size, stride, padding, ceil_mode,
-                       count_include_pad, divisor_override=None):
+                      count_include_pad, divisor_override=None):
     """Each output gradient, divided by its window's divisor, spread over its window: the
     transposed convolution with a ones kernel, written as zeros inserted between the
     gradients (stride) and a convolution (torch-mlir lowers no grouped transposed one),
@@ -123,7 +123,7 @@ def avg_pool_backward(nd: int, grad_out, x, kernel_size, stride, padding, ceil_m
 
 
 def max_pool3d_with_indices_backward(grad_out, x, kernel_size, stride, padding, dilation, ceil_mode,
-                                    indices):
+                                     indices):
     """Each output gradient added at the input position its maximum came from: `indices`
     count within each channel's flattened spatial dims. torch-mlir lowers the 2d op but not
     the 3d one."""

@@ -68,6 +68,16 @@ def _step(model, run, loss_fn, kw):
     return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
 
 
+def _check_step(model, run, ref, loss_fn, x, where, **tolerance):
+    """One training step of the compiled `run` of `model` against eager's `ref`: the loss and
+    every parameter's gradient."""
+    loss, grads = _step(model, run, loss_fn, x)
+    ref_loss, ref_grads = _step(ref, ref, loss_fn, x)
+    assert_close(loss, ref_loss, f"loss at {where}")
+    for name in ref_grads:
+        assert_close(grads[name], ref_grads[name], f"grad of {name} at {where}", **tolerance)
+
+
 def _compiles() -> int:
     return boo_backend.stats().get("iree_compiles", 0)
 
@@ -217,11 +227,7 @@ def _mamba_loop(sizes):
     run = torch.compile(model, backend="boo", dynamic=True)
     for b, s in sizes:
         h = torch.randn(b, s, 32)
-        loss, grads = _step(model, run, lambda m, h: m(h).square().mean(), h)
-        ref_loss, ref_grads = _step(ref, ref, lambda m, h: m(h).square().mean(), h)
-        assert_close(loss, ref_loss, f"loss at {(b, s)}")
-        for name in ref_grads:
-            assert_close(grads[name], ref_grads[name], f"grad of {name} at {(b, s)}")
+        _check_step(model, run, ref, lambda m, h: m(h).square().mean(), h, (b, s))
     return boo_backend.placements()
 
 
@@ -282,11 +288,7 @@ def test_channels_last_cnn_is_one_module_for_every_size(monkeypatch):
     run = torch.compile(model, backend="boo", dynamic=True)
     for b, side in [(2, 16), (3, 37), (4, 70), (2, 131)]:
         x = torch.randn(b, 3, side, side).to(memory_format=torch.channels_last)
-        loss, grads = _step(model, run, lambda m, x: m(x).square().mean(), x)
-        ref_loss, ref_grads = _step(ref, ref, lambda m, x: m(x).square().mean(), x)
-        assert_close(loss, ref_loss, f"loss at {(b, side)}")
-        for name in ref_grads:
-            assert_close(grads[name], ref_grads[name], f"grad of {name} at {(b, side)}", rtol=1e-3, atol=1e-5)
+        _check_step(model, run, ref, lambda m, x: m(x).square().mean(), x, (b, side), rtol=1e-3, atol=1e-5)
     placed = boo_backend.placements()
     assert {p.kind for p in placed} == {"forward", "backward"} and all(p.dynamic for p in placed), \
         [p.line() for p in placed]
@@ -378,11 +380,7 @@ def test_valid_padding_convolution_backward_is_one_module(monkeypatch):
     run = torch.compile(model, backend="boo", dynamic=True)
     for b, side in [(2, 16), (3, 37), (2, 70)]:
         x = torch.randn(b, 8, side, side)
-        loss, grads = _step(model, run, lambda m, x: m(x).square().mean(), x)
-        ref_loss, ref_grads = _step(ref, ref, lambda m, x: m(x).square().mean(), x)
-        assert_close(loss, ref_loss, f"loss at {(b, side)}")
-        for name in ref_grads:
-            assert_close(grads[name], ref_grads[name], f"grad of {name} at {(b, side)}")
+        _check_step(model, run, ref, lambda m, x: m(x).square().mean(), x, (b, side))
     placed = boo_backend.placements()
     assert [p.kind for p in placed] == ["forward", "backward"] and all(p.dynamic for p in placed), \
         [p.line() for p in placed]
@@ -411,11 +409,7 @@ def test_graph_split_around_aten_matmuls_stays_dynamic(monkeypatch):
     run = torch.compile(model, backend="boo", dynamic=True)
     for n in (3, 5, 9):
         x = torch.randn(n, 16)
-        loss, grads = _step(model, run, lambda m, x: m(x).square().sum(), x)
-        ref_loss, ref_grads = _step(ref, ref, lambda m, x: m(x).square().sum(), x)
-        assert_close(loss, ref_loss, f"loss at {n}")
-        for name in ref_grads:
-            assert_close(grads[name], ref_grads[name], f"grad of {name} at {n}")
+        _check_step(model, run, ref, lambda m, x: m(x).square().sum(), x, n)
     placed = boo_backend.placements()
     assert len(placed) == 2 and all(p.dynamic and p.aten for p in placed), [p.line() for p in placed]
 
