@@ -1,6 +1,6 @@
 """Matmuls, convolutions and attention placed by measurement (BOO_ATEN_MATMUL=auto).
 
-Imports match, partition, lower, compile, runtime, timing, cache and config from boo_backend.
+Imports match, partition, lower, compile, runtime, timing, pool, cache and config from boo_backend.
 
 Each `mm`/`addmm`/`bmm`/`convolution`/`convolution_backward` of a graph, by its shapes,
 strides and dtypes, is timed once on this host as ATen's kernel and as IREE's code for that
@@ -22,7 +22,7 @@ import torch
 import torch.fx as fx
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from . import match, symbolic, timing
+from . import match, pool, symbolic, timing
 from .cache import CompileCache
 from .compile import Target, combine, compile_mlir, precompile
 from .config import BooError, Options
@@ -228,7 +228,8 @@ class Timings:
             best.append(min((s, d) for s, d in zip(iree, drivers) if s is not None))
             return {"aten_s": aten_s, "iree_s": best[-1][0]}
 
-        result = timing.fastest(measure, earlier)
+        with pool.RESULTS.transient():
+            result = timing.fastest(measure, earlier)
         result["driver"] = min(best)[1]
         return result
 

@@ -23,6 +23,7 @@ Imports config (BooError) from boo_backend.
 from __future__ import annotations
 
 import collections
+import contextlib
 import math
 import os
 import threading
@@ -55,6 +56,7 @@ class Pool:
         self.reused = 0  # storages handed out again, for tests and diagnosis
         self._by_size: dict[int, list[torch.UntypedStorage]] = collections.defaultdict(list)
         self._lock = threading.Lock()
+        self._fresh: list[tuple[int, torch.UntypedStorage]] | None = None  # see transient()
 
     def tensor(self, shape: tuple, dtype: torch.dtype, nbytes: int | None = None) -> torch.Tensor:
         """A dense CPU tensor of `shape` and `dtype` whose contents are undefined (as
@@ -86,7 +88,32 @@ class Pool:
         if self._make_room(nbytes):
             self._by_size[nbytes].append(storage)
             self.held += nbytes
+            if self._fresh is not None:
+                self._fresh.append((nbytes, storage))
         return storage
+
+    @contextlib.contextmanager
+    def transient(self):
+        """Storages first made inside the block are forgotten at its end where nothing else
+        holds them. For calls beside the step's own: the driver choice times a part again
+        while the first call's results are alive (runtime._choose), so each result it
+        writes takes a second storage, which the step never needs and the pool would keep
+        for good (290 MB of GPT-2 small's cold process)."""
+        with self._lock:
+            outer, self._fresh = self._fresh, []
+        try:
+            yield
+        finally:
+            with self._lock:
+                fresh, self._fresh = self._fresh, outer
+                for size, storage in fresh:
+                    same = self._by_size.get(size, [])
+                    at = next((i for i, s in enumerate(same) if s is storage), None)
+                    if at is not None and _alone(storage):
+                        del same[at]
+                        self.held -= size
+                    elif outer is not None:
+                        outer.append((size, storage))
 
     def _make_room(self, nbytes: int) -> bool:
         """Drop storages only the pool holds, larger sizes first and the least recently used

@@ -268,7 +268,7 @@ class IreeFunction:
         else:
             results = self._checked_call(tensors, passed, spans, num_results)
         if self.driver is None:
-            with timed("driver_choice"):
+            with timed("driver_choice"), pool.RESULTS.transient():
                 self._choose(time.perf_counter() - start, passed, num_results)
         return results
 

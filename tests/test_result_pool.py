@@ -259,3 +259,45 @@ def test_dense_copy_uses_the_pool_for_cpu_tensors_only_once_the_last_copy_is_gon
     del a
     c = memory.dense_copy(t * 2)
     assert c.data_ptr() == ptr and torch.equal(c, t * 2) and torch.equal(b, t.t().contiguous())
+
+
+def test_storages_made_inside_a_transient_block_are_dropped_unless_still_held():
+    p = pool.Pool(64 << 20)
+    before = p.tensor(SHAPE, torch.float32)
+    del before  # made outside: the pool keeps it
+    with p.transient():
+        kept = p.tensor((400, 1000), torch.float32)
+        with p.transient():
+            inner = p.tensor((500, 1000), torch.float32)
+            reused = p.tensor(SHAPE, torch.float32)  # the storage made before the block
+            dropped = p.tensor((600, 1000), torch.float32)
+            del reused, dropped
+        held_inner = p.held  # the inner block dropped (600, 1000) only: `inner` is still held
+        del inner
+    assert held_inner == (300 + 400 + 500) * 1000 * 4
+    # The outer block's end dropped `inner`, which the inner block passed on; `kept` lives on.
+    assert p.held == (300 + 400) * 1000 * 4
+    del kept
+    again = p.tensor((400, 1000), torch.float32)  # made inside a block, held past its end
+    assert p.reused == 2 and again.shape == (400, 1000)
+
+
+def test_choosing_a_driver_leaves_no_storage_that_the_steps_do_not_need(fresh_pool, monkeypatch, tmp_path):
+    """The driver choice (runtime._choose) calls a part again while the first call's results
+    are alive; the storages those calls take are not kept beside the step's own."""
+    import boo_backend
+
+    monkeypatch.setenv("BOO_CACHE_DIR", str(tmp_path))
+    held = []
+    for _ in range(2):  # cold (choosing), then warm on the same cache (choices read back)
+        torch._dynamo.reset()
+        boo_backend.reset()
+        fresh_pool.clear()
+        torch.manual_seed(0)
+        model = nn.Sequential(Block(), Block())
+        run = torch.compile(model, backend="boo")
+        x = torch.randn(411, 389, generator=torch.Generator().manual_seed(1))
+        for _ in range(2):
+            run(x).square().mean().backward()
+        held.append(fresh_pool.held)
+    assert held[0] == held[1] > 0
