@@ -52,9 +52,10 @@ def boo(gm: fx.GraphModule, example_inputs, options: dict | None = None, **kwarg
     def compiler(kind: str):
         return aot_cache.compiler(lambda graph, _example_inputs: build(kind, graph))
 
-    def rebuild(kind: str, graph: fx.GraphModule):
-        """A graph AOTAutograd's cache gave back (hops already inlined)."""
-        return CompiledGraph(graph, kind, opts, name_of(kind))
+    def rebuild(kind: str, graph: fx.GraphModule, whole=None):
+        """A graph AOTAutograd's cache gave back (hops already inlined); `whole` loads it with
+        its nodes' values where `graph` lacks them (aot_cache)."""
+        return CompiledGraph(graph, kind, opts, name_of(kind), whole)
 
     # AOTAutograd's own CSE pass costs ~0.5 s on a transformer layer's joint graph; IREE
     # runs CSE on every module anyway, so the warm start skips it.

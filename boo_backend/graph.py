@@ -14,6 +14,7 @@ import logging
 import re
 import warnings
 import weakref
+from typing import Callable
 
 import sympy
 import torch
@@ -73,10 +74,14 @@ class CompiledGraph(Assembly):
     another call compiles for its own shape.
     """
 
-    def __init__(self, gm: fx.GraphModule, kind: str, opts: Options, name: str):
+    def __init__(self, gm: fx.GraphModule, kind: str, opts: Options, name: str,
+                 whole: Callable[[], fx.GraphModule] | None = None):
         # An instance attribute, so that wrappers made with functools.wraps copy it.
         self._boxed_call = True
         self.gm = gm
+        # A warm start's graph of static shapes may come without its nodes' values (which
+        # only a build reads): `whole` loads the graph with them (aot_cache).
+        self._whole = whole
         blocks.keep_module_stacks(gm)  # for the blocks of every retrace of it
         self.kind = kind
         self.opts = opts
@@ -231,6 +236,9 @@ class CompiledGraph(Assembly):
                 runner = self._from_cache(key, args, name)
                 if runner is not None:
                     return runner
+        if self._whole is not None:
+            self.gm, self._whole = self._whole(), None
+            blocks.keep_module_stacks(self.gm)
         cached = self.cache.get_json(plan_key)
         plan = Plan.from_json(cached) if cached else Plan(decompose={
             mlir_op_name(n.target) for n in compute_nodes(self.gm) if n.target in UNLOWERED})

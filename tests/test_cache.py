@@ -229,6 +229,49 @@ def test_split_graph_warm_start_and_misses(tmp_path, monkeypatch):
         assert calls_made["lower"] > 0 and calls_made["aot_hits"] == 0, f"a changed {what} used a stale entry"
 
 
+def test_warm_start_unpickles_the_graph_without_values_and_the_whole_graph_when_it_must_build(tmp_path, monkeypatch):
+    """A hit in AOTAutograd's cache hands boo a static graph without its nodes' fake tensors
+    (cheaper to unpickle; boo's cache then serves the modules). Where boo's own entries are
+    gone, the graph is unpickled whole and built, with the cold process's results."""
+    from boo_backend import aot_cache
+    from torch._dynamo.utils import counters
+
+    monkeypatch.setenv("BOO_CACHE_DIR", str(tmp_path))
+    loaded = []
+    real_load = aot_cache._load
+
+    def load(blob):
+        gm = real_load(blob)
+        loaded.append(all("val" in n.meta for n in gm.graph.nodes if n.op != "output"))
+        return gm
+
+    monkeypatch.setattr(aot_cache, "_load", load)
+    torch.manual_seed(0)
+    model = _Layers(width=37)
+    x = torch.randn(9, 37)
+
+    def run():
+        boo_backend.reset()
+        torch._dynamo.reset()
+        loaded.clear()
+        hits = counters["aot_autograd"]["autograd_cache_hit"]
+        x_ = x.clone().requires_grad_()
+        out = _split_step(model, x_)
+        return out, x_.grad, counters["aot_autograd"]["autograd_cache_hit"] - hits, boo_backend.stats().get("iree_compiles", 0)
+
+    cold, cold_grad, hits, _ = run()
+    assert hits == 0 and loaded == []
+    warm, warm_grad, hits, compiles = run()
+    assert hits == 1 and loaded == [False, False] and compiles == 0, (hits, loaded, compiles)
+    for entry in [*tmp_path.glob("*.split"), *tmp_path.glob("*.lowered")]:
+        entry.unlink()
+    built, built_grad, hits, _ = run()
+    assert hits == 1 and loaded == [False, False, True, True], loaded  # both graphs light, then each whole
+    for got, grad in ((warm, warm_grad), (built, built_grad)):
+        torch.testing.assert_close(got, cold, rtol=0, atol=0)
+        torch.testing.assert_close(grad, cold_grad, rtol=0, atol=0)
+
+
 def test_saved_split_graph_is_rebuilt_from_its_nodes(monkeypatch):
     """saved.dump/load: the outer graph and its ATen parts come back as GraphModules built from
     their nodes (torch.fx's pickling, which traces the generated code again, is not used),
