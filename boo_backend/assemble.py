@@ -284,12 +284,28 @@ class Assembly:
         return outer, composites, aten, island
 
     @staticmethod
-    def _lower(graph: fx.GraphModule, target: Target) -> Lowered:
+    def _lower(graph: fx.GraphModule, target: Target, sizes_from_shapes: bool = False) -> Lowered:
         """`graph` lowered; for a CPU module called without fences, with its results written
         into storage the caller allocates (storage.with_storage)."""
         with timed("import"):
-            lowered = lower(graph)
+            lowered = lower(graph, sizes_from_shapes)
             return with_storage(lowered) if target.is_cpu and not target.fenced else lowered
+
+    def _with_sizes_from_shapes(self, graph: fx.GraphModule, target: Target, lowered: Lowered):
+        """(lowered, vmfb) of `graph` with its symbolic sizes read from its tensors, where
+        that changes the module and IREE compiles it (lower._sizes_read_from_shapes); else
+        None."""
+        if not has_dynamic_dims(lowered.mlir):
+            return None
+        again = self._lower(graph, target, sizes_from_shapes=True)
+        if again.mlir == lowered.mlir:
+            return None
+        try:
+            vmfb = compile_mlir(again.mlir, target, self.cache, self.opts.compile_timeout)
+        except BooCompileError:
+            return None
+        log.debug("boo %s: compiled with its sizes read from its tensors", self.name)
+        return again, vmfb
 
     def _compile_part(self, graph: fx.GraphModule, target: Target, dump, part: str,
                       lowered: Lowered | None = None) -> IreePart:
@@ -307,12 +323,17 @@ class Assembly:
         try:
             vmfb = compile_mlir(lowered.mlir, target, self.cache, self.opts.compile_timeout)
         except BooCompileError as e:
-            unlinked = unlinked_ops(e, e.mlir.splitlines())
-            names = unlinked or failing_ops(e) or unconverted_ops(lowered.mlir, target)
-            log.debug("boo: iree-compile rejected %s in %s:\n%s", names or "?", self.name, e.diagnostics)
-            if names:
-                raise Unlowerable(names, final=bool(unlinked)) from e
-            raise
+            retried = self._with_sizes_from_shapes(graph, target, lowered)
+            if retried is None:
+                unlinked = unlinked_ops(e, e.mlir.splitlines())
+                names = unlinked or failing_ops(e) or unconverted_ops(lowered.mlir, target)
+                log.debug("boo: iree-compile rejected %s in %s:\n%s", names or "?", self.name, e.diagnostics)
+                if names:
+                    raise Unlowerable(names, final=bool(unlinked)) from e
+                raise
+            lowered, vmfb = retried
+            if dump:
+                write_atomic(dump / f"{part}.mlir", lowered.mlir)
         if dump:
             write_atomic(dump / f"{part}.vmfb", vmfb)
         return IreePart(lowered, self._function(vmfb, lowered, target, f"{self.name}/{part}", part))

@@ -216,10 +216,12 @@ _MOST_TAPS = 16
 def _depthwise_convolution(x, weight, bias, stride, padding, dilation, transposed, output_padding, groups):
     """A depthwise convolution (one input channel per group, one output channel per input
     channel, few taps) as the sum over its taps of the padded input's strided slices, each
-    times that tap's per-channel weight. IREE 3.13 fails to compile a depthwise conv1d whose
-    input comes through a transpose and a slice when its sizes are symbolic ('failed to
-    resolve workgroup count hint': Mamba's causal conv over half of a projection), and the
-    graph compiled once per shape. Half types are summed in float32."""
+    times that tap's per-channel weight. IREE 3.13 failed to compile a depthwise conv1d whose
+    input comes through a transpose and a slice when the module took its symbolic sizes as
+    integers ('failed to resolve workgroup count hint': Mamba's causal conv over half of a
+    projection), and the graph compiled once per shape; lower._sizes_read_from_shapes avoids
+    that, and this serves the convolutions IREE still rejects. Half types are summed in
+    float32."""
     nd, k = x.dim() - 2, list(weight.shape[2:])
     if (transposed or x.dim() < 3 or groups != x.shape[1] or list(weight.shape[:2]) != [groups, 1]
             or math.prod(k) > _MOST_TAPS):

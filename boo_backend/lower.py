@@ -203,8 +203,37 @@ def _sizes_as_tensors(graph: fx.Graph, node: fx.Node) -> None:
             node.update_arg(i, wrapped)
 
 
-def build_core(gm: fx.GraphModule) -> tuple[fx.GraphModule, list, list, list, bool]:
-    """Split `gm` into the IREE core graph and the Python-side input/output plan."""
+def _sizes_read_from_shapes(graph: fx.Graph) -> None:
+    """A size input that is a dimension of a tensor input is read from that tensor
+    (aten.sym_size) wherever the graph uses it. IREE 3.13 fails to compile some dispatches
+    that compute from sizes passed as integers ('write affecting operations on global
+    resources are restricted to workgroup distributed contexts': a running count over
+    positions made with arange(n), as in Mistral's masks; 'failed to resolve workgroup count
+    hint': Mamba's depthwise conv over a slice), and the graph compiled once per shape; the
+    same sizes read from the tensors compile. Only for such a module (Assembly._compile_part):
+    with every dynamic module built this way, IREE computed a gradient of BERT's backward
+    wrongly at one size (7% off at batch 4, length 70; right at 2 x 16)."""
+    placeholders = [n for n in graph.nodes if n.op == "placeholder"]
+    dims: dict = {}
+    for node in placeholders:
+        val = node.meta.get("val")
+        if isinstance(val, torch.Tensor):
+            for d, n in enumerate(val.shape):
+                if isinstance(n, torch.SymInt) and n.node.expr.is_Symbol:
+                    dims.setdefault(n.node.expr, (node, d))
+    first = next(n for n in graph.nodes if n.op != "placeholder")
+    for node in placeholders:
+        val = node.meta.get("val")
+        if isinstance(val, torch.SymInt) and node.users and (dim := dims.get(val.node.expr)) is not None:
+            with graph.inserting_before(first):
+                size = graph.call_function(torch.ops.aten.sym_size.int, dim)
+            size.meta = dict(node.meta)
+            node.replace_all_uses_with(size)
+
+
+def build_core(gm: fx.GraphModule, sizes_from_shapes: bool = False) -> tuple[fx.GraphModule, list, list, list, bool]:
+    """Split `gm` into the IREE core graph and the Python-side input/output plan
+    (`sizes_from_shapes`: see _sizes_read_from_shapes)."""
     graph = fx.Graph()
     env: dict[fx.Node, fx.Node] = {}
     inputs: list[tuple] = []
@@ -294,6 +323,8 @@ def build_core(gm: fx.GraphModule) -> tuple[fx.GraphModule, list, list, list, bo
         else:
             outputs.append(("value", value))
     graph.output(tuple(results))
+    if sizes_from_shapes:
+        _sizes_read_from_shapes(graph)
     core = fx.GraphModule(torch.nn.Module(), graph)
     core.graph.eliminate_dead_code()
     # An input only views of which leave (returned as views, on the Python side) is not
@@ -375,8 +406,8 @@ def written_inputs(core: fx.GraphModule) -> tuple[int, ...]:
     return tuple(found)
 
 
-def lower(gm: fx.GraphModule) -> Lowered:
-    core, inputs, outputs, layouts, tuple_output = build_core(gm)
+def lower(gm: fx.GraphModule, sizes_from_shapes: bool = False) -> Lowered:
+    core, inputs, outputs, layouts, tuple_output = build_core(gm, sizes_from_shapes)
     symbols = _symbols(gm, inputs, outputs, layouts)
     text, kernels = torch_import.import_core(core)
     out = next(n for n in core.graph.nodes if n.op == "output").args[0]

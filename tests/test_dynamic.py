@@ -233,15 +233,76 @@ def _mamba_loop(sizes):
 
 def test_mamba_causal_conv_over_half_a_projection_is_one_module_for_every_size(monkeypatch):
     """`chunk` with symbolic sizes (torch-mlir fails to lower split_with_sizes; it is sliced
-    instead) and a depthwise conv fed by that slice (IREE 3.13 fails with 'failed to resolve
-    workgroup count hint'; its taps are summed instead): a training step at odd lengths past
-    64 and 128 compiles one forward and one backward module, in strict mode, right."""
+    instead) and a depthwise conv fed by that slice (IREE 3.13 failed with 'failed to resolve
+    workgroup count hint' where the module took the sizes as integers): a training step at odd
+    lengths past 64 and 128 compiles one forward and one backward module, in strict mode,
+    right."""
     monkeypatch.setenv("BOO_CACHE", "0")
     monkeypatch.setenv("BOO_VERIFY", "off")  # a wrong dynamic module must not be caught and hidden
     boo_backend.reset()
     placed = _mamba_loop([(2, 37), (3, 70), (2, 131), (4, 100)])
     assert [p.kind for p in placed] == ["forward", "backward"] and all(p.dynamic for p in placed), \
         [p.line() for p in placed]
+
+
+class _RunsOfPositions(nn.Module):
+    """A running count over positions made from the length alone (where a run of consecutive
+    positions breaks, as in masks for packed sequences), weighting a projection."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(12, 1)
+
+    def forward(self, x):
+        b, n, _ = x.shape
+        pos = torch.arange(n).expand(b, -1)
+        starts = torch.cat([pos[:, :1] - 1, pos], -1)
+        runs = ((starts[:, 1:] - starts[:, :-1]) != 1).cumsum(-1)
+        return self.proj(x).squeeze(-1) * (runs + pos)
+
+
+def test_a_scan_over_positions_made_from_sizes_is_one_module_for_every_size(monkeypatch):
+    """The module reads each size from a tensor it is given (lower._sizes_read_from_shapes):
+    passed as an integer, IREE 3.13 failed to compile the scan ('write affecting operations on
+    global resources are restricted to workgroup distributed contexts'), and the forward
+    compiled once per shape."""
+    monkeypatch.setenv("BOO_CACHE", "0")
+    monkeypatch.setenv("BOO_VERIFY", "off")  # a wrong dynamic module must not be caught and hidden
+    boo_backend.reset()
+    torch.manual_seed(0)
+    model = _RunsOfPositions()
+    ref = copy.deepcopy(model)
+    run = torch.compile(model, backend="boo", dynamic=True)
+    for b, n in [(2, 37), (3, 70), (2, 131)]:
+        x = torch.randn(b, n, 12)
+        _check_step(model, run, ref, lambda m, x: m(x).square().mean(), x, (b, n), rtol=1e-4, atol=1e-5)
+    placed = boo_backend.placements()
+    assert [p.kind for p in placed] == ["forward", "backward"] and all(p.dynamic for p in placed), \
+        [p.line() for p in placed]
+
+
+def test_mistral_with_gradient_checkpointing_trains_with_no_island(monkeypatch):
+    """Hugging Face's Mistral with gradient checkpointing, `dynamic=True`: its recomputed masks
+    count over positions made from the length (the scan above). That module failed in IREE,
+    the decompositions tried after it were prims that torch-mlir cannot lower, and 25 ops ran
+    in eager islands; now every graph is one module for all sizes, in strict mode."""
+    transformers = pytest.importorskip("transformers")
+    monkeypatch.setenv("BOO_CACHE", "0")
+    monkeypatch.setenv("BOO_VERIFY", "off")  # a wrong dynamic module must not be caught and hidden
+    boo_backend.reset()
+    torch.manual_seed(0)
+    config = transformers.MistralConfig(num_hidden_layers=2, hidden_size=64, intermediate_size=160,
+                                        num_attention_heads=4, num_key_value_heads=2, vocab_size=211,
+                                        max_position_embeddings=512, sliding_window=32)
+    model = transformers.MistralForCausalLM(config).train()
+    model.gradient_checkpointing_enable()
+    ref = copy.deepcopy(model)
+    run = torch.compile(model, backend="boo", dynamic=True)
+    for b, n in [(2, 37), (3, 131)]:
+        ids = torch.randint(0, 211, (b, n), generator=torch.Generator().manual_seed(n))
+        _check_step(model, run, ref, lambda m, ids: m(ids, labels=ids).loss, ids, (b, n), rtol=1e-3, atol=1e-5)
+    placed = boo_backend.placements()
+    assert placed and all(p.dynamic and not p.island for p in placed), [p.line() for p in placed]
 
 
 @pytest.mark.parametrize("split", ["glu_last_dim", "halves_of_the_sequence", "split_sizes"])
@@ -390,9 +451,11 @@ def test_op_unlowerable_only_at_symbolic_sizes_compiles_per_shape_in_strict_mode
     """An op that IREE rejects with symbolic sizes and that has no decomposition: the graph
     compiles per shape, where it lowers, rather than keep the op in an island, which strict
     mode refuses. The case is the Mamba conv above without boo's decomposition of a depthwise
-    conv (IREE 3.13 rejects it with symbolic sizes, 'failed to resolve workgroup count hint')."""
-    from boo_backend import partition
+    conv and with the sizes passed to the module as integers, not read from its tensors (IREE
+    3.13 rejects it then, 'failed to resolve workgroup count hint')."""
+    from boo_backend import lower, partition
     monkeypatch.delitem(partition.FALLBACK, torch.ops.aten.convolution.default)
+    monkeypatch.setattr(lower, "_sizes_read_from_shapes", lambda graph: None)
     monkeypatch.setenv("BOO_CACHE", "0")
     boo_backend.reset()
     placed = [p for p in _mamba_loop([(2, 37), (3, 64), (5, 101)]) if p.kind == "forward"]
