@@ -151,8 +151,8 @@ def _attention_kernels() -> str:
 @contextlib.contextmanager
 def serving(opts: Options, rebuild: Callable[..., Any]):
     """AOTAutograd's cache on for one backend call, its entries in boo's cache directory,
-    keyed by boo's tag; `rebuild` turns a hit's graph into the callable (see _REBUILD). Off when boo's cache
-    is off."""
+    keyed by boo's tag; `rebuild` turns a hit's graph into the callable (see _REBUILD). Off
+    when boo's cache is off."""
     if not opts.cache:
         with functorch_config.patch(enable_autograd_cache=False):
             yield

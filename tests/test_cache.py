@@ -229,7 +229,7 @@ def test_split_graph_warm_start_and_misses(tmp_path, monkeypatch):
         assert calls_made["lower"] > 0 and calls_made["aot_hits"] == 0, f"a changed {what} used a stale entry"
 
 
-def test_warm_start_unpickles_the_graph_without_values_and_the_whole_graph_when_it_must_build(tmp_path, monkeypatch):
+def test_warm_start_loads_the_graph_without_values_and_the_whole_graph_when_it_must_build(tmp_path, monkeypatch):
     """A hit in AOTAutograd's cache hands boo a static graph without its nodes' fake tensors
     (cheaper to unpickle; boo's cache then serves the modules). Where boo's own entries are
     gone, the graph is unpickled whole and built, with the cold process's results."""
@@ -257,7 +257,8 @@ def test_warm_start_unpickles_the_graph_without_values_and_the_whole_graph_when_
         hits = counters["aot_autograd"]["autograd_cache_hit"]
         x_ = x.clone().requires_grad_()
         out = _split_step(model, x_)
-        return out, x_.grad, counters["aot_autograd"]["autograd_cache_hit"] - hits, boo_backend.stats().get("iree_compiles", 0)
+        hits = counters["aot_autograd"]["autograd_cache_hit"] - hits
+        return out, x_.grad, hits, boo_backend.stats().get("iree_compiles", 0)
 
     cold, cold_grad, hits, _ = run()
     assert hits == 0 and loaded == []
