@@ -197,7 +197,14 @@ class Assembly:
             raise NotDynamic(f"the compiler rejects {', '.join(sized)} with symbolic sizes, "
                              "and it has no decomposition")
         # An op torch-mlir does not know (a library's custom op) is an island at any size: the
-        # graph stays dynamic around it rather than compile it once per shape.
+        # graph stays dynamic around it rather than compile it once per shape. Not so an op
+        # that only a decomposition brought in (torch._decomp's prims): the op it stands for
+        # lowers at concrete sizes, so the graph is compiled per shape rather than run its
+        # pieces in islands (Mistral with gradient checkpointing: 25 ops in islands, once).
+        brought = sorted(missing - {mlir_op_name(n.target) for n in compute_nodes(self.gm)})
+        if brought and dynamic:
+            raise NotDynamic(f"decomposing {', '.join(sorted(plan.decompose - missing))} with symbolic sizes "
+                             f"leaves {', '.join(brought)}, which torch-mlir cannot import")
         plan.island |= missing
         table = preparation_table(self.gm, decompositions, match.canonical_table(self.opts))
         if (dynamic or not self.symbolic) and not any(n.target in table for n in compute_nodes(self.gm)):

@@ -26,6 +26,16 @@ tensor<{% for d in shape %}{{ "?" if d is none else d }}x{% endfor %}{{ dtype }}
 tensor.empty({{ dynamic|join(", ") }}) : {{ tensor(shape, dtype) }}
 {%- endmacro %}
 
+{#- %name: `value` (of `shape`, its dynamic dims named by `names` as in empty()) behind a
+    barrier: IREE fuses neither its producer into its users nor it into them. The tie says
+    its sizes, which IREE cannot read through the barrier. -#}
+{% macro apart(name, value, shape, dtype, names=[]) -%}
+{% set dynamic = [] %}
+{% for d in shape %}{% if d is none %}{% set _ = dynamic.append(names[loop.index0]) %}{% endif %}{% endfor %}
+%{{ name }}_barrier = "util.optimization_barrier"({{ value }}) : ({{ tensor(shape, dtype) }}) -> {{ tensor(shape, dtype) }}
+  %{{ name }} = "flow.tensor.tie_shape"(%{{ name }}_barrier{% for n in dynamic %}, {{ n }}{% endfor %}) : ({{ tensor(shape, dtype) }}{% for n in dynamic %}, index{% endfor %}) -> {{ tensor(shape, dtype) }}
+{%- endmacro %}
+
 {#- `output_shape [...]` of a tensor.expand_shape: ints, or the SSA names of dynamic ones
     (by position in `names`). -#}
 {% macro output_shape(shape, names=[]) -%}

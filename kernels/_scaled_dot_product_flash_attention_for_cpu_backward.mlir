@@ -36,10 +36,23 @@ func.func private @{{ func_name }}(%do: {{ O }}, %q: {{ Q }}, %k: {{ K }}, %v: {
   %dv = linalg.fill ins(%zero_t : {{ dtype }}) outs(%dv_empty : {{ V }}) -> {{ V }}
 {% else %}
   %scale = arith.constant {{ "%.17e"|format(scale) }} : f32
-  {{ a.rows("qr", "%q", Q, [B, Hk, G, L, D], dtype, QR) }}
-  {{ a.rows("dor", "%do", O, [B, Hk, G, L, Dv], dtype, OR) }}
-  {{ a.rows("or", "%o", O, [B, Hk, G, L, Dv], dtype, OR) }}
-  {{ a.rows("lser", "%lse", LSE, [B, Hk, G, L], "f32", LR) }}
+{% set x = {"q": "%q", "k": "%k", "v": "%v", "do": "%do", "o": "%o", "lse": "%lse"} %}
+{% if none in [B, L, S] %}
+  {#- With dynamic sizes, IREE 3.13 computed dv wrongly for key rows past 64 when the
+      caller's permute producing dO was fused into this kernel's contractions (BERT's
+      backward, with its sizes read from its tensors: lower._sizes_read_from_shapes). Each
+      input is a tensor of its own here; the caller's producers run before. #}
+{% for name, shape, names, dt in [("q", [B, H, L, D], [a.b, "", a.l, ""], dtype), ("k", [B, Hk, S, D], [a.b, "", a.s, ""], dtype),
+                                  ("v", [B, Hk, S, Dv], [a.b, "", a.s, ""], dtype), ("do", [B, H, L, Dv], [a.b, "", a.l, ""], dtype),
+                                  ("o", [B, H, L, Dv], [a.b, "", a.l, ""], dtype), ("lse", [B, H, L], [a.b, "", a.l], "f32")] %}
+  {{ h.apart(name ~ "_apart", x[name], shape, dt, names) }}
+{% set _ = x.update({name: "%" ~ name ~ "_apart"}) %}
+{% endfor %}
+{% endif %}
+  {{ a.rows("qr", x.q, Q, [B, Hk, G, L, D], dtype, QR) }}
+  {{ a.rows("dor", x.do, O, [B, Hk, G, L, Dv], dtype, OR) }}
+  {{ a.rows("or", x.o, O, [B, Hk, G, L, Dv], dtype, OR) }}
+  {{ a.rows("lser", x.lse, LSE, [B, Hk, G, L], "f32", LR) }}
 {% if has_mask %}
   {{ a.prepared_mask("bias") }}
   {{ a.row_bias("bias") }}
@@ -57,7 +70,7 @@ func.func private @{{ func_name }}(%do: {{ O }}, %q: {{ Q }}, %k: {{ K }}, %v: {
     linalg.yield %s : f32
   } -> {{ LR }}
   {#- P = exp(q k^T * scale + bias - lse), loops (b, hk, r, s, d) #}
-  {{ a.contraction("qk", "%qr", QR, dtype, "d0, d1, d2, d4", "%k", K, dtype, "d0, d1, d3, d4", [B, Hk, R, S], [a.b, "", a.r, a.s]) }}
+  {{ a.contraction("qk", "%qr", QR, dtype, "d0, d1, d2, d4", x.k, K, dtype, "d0, d1, d3, d4", [B, Hk, R, S], [a.b, "", a.r, a.s]) }}
   %ps_empty = {{ h.empty([B, Hk, R, S], "f32", [a.b, "", a.r, a.s]) }}
   %p = linalg.generic {indexing_maps = [{{ h.map(4) }}, {{ h.map(4, [0, 1, 2]) }}{% if has_mask %}, {{ a.row_bias_map() }}{% endif %}, {{ h.map(4) }}], iterator_types = {{ h.iterators(["parallel"] * 4) }}}
       ins(%qk, %lser{% if has_mask %}, %bias_rows{% endif %} : {{ PS }}, {{ LR }}{% if has_mask %}, {{ a.row_bias_type() }}{% endif %}) outs(%ps_empty : {{ PS }}) {
@@ -73,16 +86,13 @@ func.func private @{{ func_name }}(%do: {{ O }}, %q: {{ Q }}, %k: {{ K }}, %v: {
     linalg.yield %e : f32
   } -> {{ PS }}
   {#- dS = P * (dO v^T - delta) * scale, loops (b, hk, r, s, e) #}
-  {{ a.contraction("dp", "%dor", OR, dtype, "d0, d1, d2, d4", "%v", V, dtype, "d0, d1, d3, d4", [B, Hk, R, S], [a.b, "", a.r, a.s]) }}
+  {{ a.contraction("dp", "%dor", OR, dtype, "d0, d1, d2, d4", x.v, V, dtype, "d0, d1, d3, d4", [B, Hk, R, S], [a.b, "", a.r, a.s]) }}
 {% set dp = "%dp" %}
 {% if none in [B, R, S] %}
   {#- With dynamic sizes and data tiling, IREE 3.13 computes dS wrongly when it fuses the
       elementwise op below with dP's contraction in the packed layout (query and key rows
       not multiples of its tiles); the barrier keeps dP unpacked, the tie says its sizes. #}
-{% set ps_dims = [] %}
-{% for d, name in [(B, a.b), (R, a.r), (S, a.s)] %}{% if d is none %}{% set _ = ps_dims.append(name) %}{% endif %}{% endfor %}
-  %dp_barrier = "util.optimization_barrier"(%dp) : ({{ PS }}) -> {{ PS }}
-  %dp_tied = "flow.tensor.tie_shape"(%dp_barrier, {{ ps_dims|join(", ") }}) : ({{ PS }}{% for _ in ps_dims %}, index{% endfor %}) -> {{ PS }}
+  {{ h.apart("dp_tied", "%dp", [B, Hk, R, S], "f32", [a.b, "", a.r, a.s]) }}
 {% set dp = "%dp_tied" %}
 {% endif %}
   %ds = linalg.generic {indexing_maps = [{{ h.map(4) }}, {{ h.map(4) }}, {{ h.map(4, [0, 1, 2]) }}, {{ h.map(4) }}], iterator_types = {{ h.iterators(["parallel"] * 4) }}}
@@ -96,7 +106,7 @@ func.func private @{{ func_name }}(%do: {{ O }}, %q: {{ Q }}, %k: {{ K }}, %v: {
   {#- dv = P^T dO, loops (b, hk, s, e, r) #}
   {{ a.contraction("dvf", "%p", PS, "f32", "d0, d1, d4, d2", "%dor", OR, dtype, "d0, d1, d4, d3", [B, Hk, S, Dv], [a.b, "", a.s, ""]) }}
   {#- dq = dS k, loops (b, hk, r, d, s) #}
-  {{ a.contraction("dqf", "%ds", PS, "f32", "d0, d1, d2, d4", "%k", K, dtype, "d0, d1, d4, d3", [B, Hk, R, D], [a.b, "", a.r, ""]) }}
+  {{ a.contraction("dqf", "%ds", PS, "f32", "d0, d1, d2, d4", x.k, K, dtype, "d0, d1, d4, d3", [B, Hk, R, D], [a.b, "", a.r, ""]) }}
   {#- dk = dS^T q, loops (b, hk, s, d, r) #}
   {{ a.contraction("dkf", "%ds", PS, "f32", "d0, d1, d4, d2", "%qr", QR, dtype, "d0, d1, d4, d3", [B, Hk, S, D], [a.b, "", a.s, ""]) }}
   {{ a.narrow("dqr", "%dqf", QF, [B, Hk, R, D], [a.b, "", a.r, ""]) }}
