@@ -286,23 +286,29 @@ def test_mistral_with_gradient_checkpointing_trains_with_no_island(monkeypatch):
     count over positions made from the length (the scan above). That module failed in IREE,
     the decompositions tried after it were prims that torch-mlir cannot lower, and 25 ops ran
     in eager islands; now every graph is one module for all sizes, in strict mode."""
+    monkeypatch.setenv("BOO_VERIFY", "off")  # a wrong dynamic module must not be caught and hidden
+    placed = _mistral_checkpointed_steps(monkeypatch, [(2, 37), (3, 131)], layers=2, width=64)
+    assert placed and all(p.dynamic and not p.island for p in placed), [p.line() for p in placed]
+
+
+def _mistral_checkpointed_steps(monkeypatch, sizes, layers: int, width: int):
+    """Training steps of a small Mistral with gradient checkpointing, `dynamic=True`, each
+    checked against eager; returns boo's placements."""
     transformers = pytest.importorskip("transformers")
     monkeypatch.setenv("BOO_CACHE", "0")
-    monkeypatch.setenv("BOO_VERIFY", "off")  # a wrong dynamic module must not be caught and hidden
     boo_backend.reset()
     torch.manual_seed(0)
-    config = transformers.MistralConfig(num_hidden_layers=2, hidden_size=64, intermediate_size=160,
+    config = transformers.MistralConfig(num_hidden_layers=layers, hidden_size=width, intermediate_size=width * 5 // 2,
                                         num_attention_heads=4, num_key_value_heads=2, vocab_size=211,
                                         max_position_embeddings=512, sliding_window=32)
     model = transformers.MistralForCausalLM(config).train()
     model.gradient_checkpointing_enable()
     ref = copy.deepcopy(model)
     run = torch.compile(model, backend="boo", dynamic=True)
-    for b, n in [(2, 37), (3, 131)]:
+    for b, n in sizes:
         ids = torch.randint(0, 211, (b, n), generator=torch.Generator().manual_seed(n))
         _check_step(model, run, ref, lambda m, ids: m(ids, labels=ids).loss, ids, (b, n), rtol=1e-3, atol=1e-5)
-    placed = boo_backend.placements()
-    assert placed and all(p.dynamic and not p.island for p in placed), [p.line() for p in placed]
+    return boo_backend.placements()
 
 
 def test_ops_a_decomposition_brings_in_compile_per_shape_rather_than_run_in_islands(monkeypatch):
@@ -310,24 +316,10 @@ def test_ops_a_decomposition_brings_in_compile_per_shape_rather_than_run_in_isla
     integers. torch._decomp's entries for the ops it blames are prims that torch-mlir cannot
     import: those ran in 25 eager islands of a dynamic graph. Such a graph is compiled per
     shape instead, where the ops lower as they are; strict mode (no island) proves it."""
-    transformers = pytest.importorskip("transformers")
     from boo_backend import lower
     monkeypatch.setattr(lower, "_sizes_read_from_shapes", lambda graph: None)
-    monkeypatch.setenv("BOO_CACHE", "0")
     monkeypatch.setenv("BOO_STRICT", "1")
-    boo_backend.reset()
-    torch.manual_seed(0)
-    config = transformers.MistralConfig(num_hidden_layers=1, hidden_size=32, intermediate_size=64,
-                                        num_attention_heads=4, num_key_value_heads=2, vocab_size=101,
-                                        max_position_embeddings=256, sliding_window=16)
-    model = transformers.MistralForCausalLM(config).train()
-    model.gradient_checkpointing_enable()
-    ref = copy.deepcopy(model)
-    run = torch.compile(model, backend="boo", dynamic=True)
-    for b, n in [(2, 37), (3, 70)]:
-        ids = torch.randint(0, 101, (b, n), generator=torch.Generator().manual_seed(n))
-        _check_step(model, run, ref, lambda m, ids: m(ids, labels=ids).loss, ids, (b, n), rtol=1e-3, atol=1e-5)
-    placed = boo_backend.placements()
+    placed = _mistral_checkpointed_steps(monkeypatch, [(2, 37), (3, 70)], layers=1, width=32)
     assert placed and not any(p.island for p in placed), [p.line() for p in placed]
     assert any(not p.dynamic for p in placed), [p.line() for p in placed]
 
