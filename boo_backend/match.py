@@ -11,6 +11,7 @@ debug level.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import operator
 
@@ -103,13 +104,20 @@ def apply(gm: fx.GraphModule, opts: Options, target: str) -> list[str]:
 
 
 def decompositions(opts: Options) -> dict:
-    """The decomposition table for AOTAutograd: core ATen minus the enabled composites."""
+    """The decomposition table for AOTAutograd: core ATen minus the enabled composites. Built
+    once per set of enabled composites (0.04-0.1 s each time, once per graph Dynamo hands
+    over); each call gets its own copy."""
+    return dict(_decompositions(frozenset(composites.enabled(opts.force_decompose))))
+
+
+@functools.lru_cache(maxsize=8)
+def _decompositions(kept: frozenset) -> dict:
     from torch._decomp import core_aten_decompositions
 
     table = dict(core_aten_decompositions())
     table.update(foreach_decompositions())
     table.update(fma_decomposition())
     table.update(AOT)
-    for op in composites.enabled(opts.force_decompose):
+    for op in kept:
         table.pop(op, None)
     return {op: keep_dtypes(op, fn) for op, fn in table.items()}
