@@ -160,13 +160,22 @@ _FILLS = {
 }
 
 
+def _writes_into(name: str) -> bool:
+    """Whether a torch op's lowering writes into its first operand's tensor in place (a
+    scatter, index_put, index_add or index_copy: its result is that tensor, updated)."""
+    return "scatter" in name or any(w in name for w in ("index_put", "index_add", "index_copy"))
+
+
 def _fills_as_splats(module) -> None:
-    """Each `full`/`full_like` of dynamic sizes becomes `fill.Scalar` of an empty tensor.
+    """Each `full`/`full_like` of dynamic sizes that an op writes into in place (slice_scatter,
+    index_put: a backward's zeros) is, for that op, `fill.Scalar` of an empty tensor.
     torch-mlir lowers `full` to a broadcast of a 0-d constant, which IREE 3.13 makes a
     dispatch of its own when sizes are dynamic (a splat when they are static); two ops that
-    write into that one result in place (slice_scatter, index_put: a backward's zeros, which
-    IREE merges when equal) then write into one buffer, and each result holds both writes.
-    `fill.Scalar` lowers to linalg.fill, which IREE makes a splat for each use."""
+    write into that one result in place (which IREE merges when equal) then write into one
+    buffer, and each result holds both writes. `fill.Scalar` lowers to linalg.fill, which
+    IREE makes a splat for each use. Other uses keep the broadcast: a sum over a dynamic
+    dim of a splat, fused into the reduction, added the value once per vector of the dim
+    (`ones_like(x).sum(-1)` gave 2 for 17 ones on AVX-512: Wav2Vec2's input lengths)."""
     from torch_mlir import ir as tm_ir
 
     with module.context, tm_ir.Location.unknown():
@@ -175,14 +184,20 @@ def _fills_as_splats(module) -> None:
                 name = op.operation.name
                 if name not in _FILLS or "?" not in str(op.results[0].type):
                     continue
+                writes = [(use.owner, use.operand_number) for use in op.results[0].uses
+                          if _writes_into(use.owner.name)]
+                if not writes:
+                    continue
                 empty_name, taken = _FILLS[name]
                 operands, result = list(op.operands), op.results[0].type
                 with tm_ir.InsertionPoint(op):
                     none = _create("torch.constant.none", tm_ir.Type.parse("!torch.none"))
                     empty = _create(empty_name, result, *(none if i is None else operands[i] for i in taken))
                     filled = _create("torch.aten.fill.Scalar", result, empty, operands[1])
-                op.results[0].replace_all_uses_with(filled)
-                op.operation.erase()
+                for owner, i in writes:
+                    owner.operands[i] = filled
+                if not list(op.results[0].uses):
+                    op.operation.erase()
 
 
 def import_core(core: fx.GraphModule) -> tuple[str, list[str]]:

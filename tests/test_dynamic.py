@@ -355,6 +355,34 @@ def test_bert_trains_right_with_every_module_reading_its_sizes_from_its_tensors(
     assert any(p.kind == "backward" and p.dynamic for p in placed), [p.line() for p in placed]
 
 
+def test_wav2vec2_ctc_counts_its_input_lengths_at_every_size(monkeypatch):
+    """Wav2Vec2ForCTC without an attention mask counts its input lengths as
+    ones_like(input_values, dtype=long).sum(-1), then through its convolutions' floor
+    divisions. IREE added the ones once per vector of the length (torch_import._fills_as_splats),
+    so the CTC loss was 6 where eager's was 61 and every gradient was wrong, silently."""
+    transformers = pytest.importorskip("transformers")
+    monkeypatch.setenv("BOO_CACHE", "0")
+    monkeypatch.setenv("BOO_VERIFY", "off")  # a wrong dynamic module must not be caught and hidden
+    boo_backend.reset()
+    torch.manual_seed(0)
+    config = transformers.Wav2Vec2Config(
+        vocab_size=32, hidden_size=48, num_hidden_layers=1, num_attention_heads=4, intermediate_size=100,
+        conv_dim=(16, 16), conv_stride=(5, 2), conv_kernel=(10, 3), num_conv_pos_embeddings=16,
+        num_conv_pos_embedding_groups=4, do_stable_layer_norm=True, feat_extract_norm="layer", mask_time_prob=0.0,
+        ctc_loss_reduction="mean", pad_token_id=0, hidden_dropout=0.0, activation_dropout=0.0, attention_dropout=0.0,
+        feat_proj_dropout=0.0, layerdrop=0.0, final_dropout=0.0)
+    model = transformers.Wav2Vec2ForCTC(config).train()
+    ref = copy.deepcopy(model)
+    run = torch.compile(model, backend="boo", dynamic=True)
+    for b, n in [(3, 1370), (2, 1703)]:
+        g = torch.Generator().manual_seed(n)
+        audio, labels = torch.randn(b, n, generator=g), torch.randint(1, 32, (b, 7), generator=g)
+        _check_step(model, run, ref, lambda m, x: m(input_values=x, labels=labels).loss, audio, (b, n),
+                    rtol=1e-3, atol=1e-5)
+    placed = boo_backend.placements()
+    assert any(p.dynamic for p in placed), [p.line() for p in placed]
+
+
 @pytest.mark.parametrize("split", ["glu_last_dim", "halves_of_the_sequence", "split_sizes"])
 def test_chunk_and_split_are_one_module_for_every_size(split, monkeypatch):
     """torch-mlir fails to lower split_with_sizes (chunk, split) where any size is symbolic,

@@ -191,6 +191,39 @@ def test_two_writes_into_one_dynamic_fill_as_torch_mlir_lowers_full(tmp_path, mo
     assert _two_writes_worst_error(tmp_path) < 1e-6
 
 
+# Sums over a dim of a tensor of one value, the way programs write them: Wav2Vec2 counts its
+# input lengths with ones_like(x, dtype=long).sum(-1) when no attention mask is given.
+_CONSTANT_SUMS = {
+    "ones_like_sum": lambda x: torch.ones_like(x).sum(-1),
+    "long_lengths": lambda x: torch.ones_like(x, dtype=torch.long).sum(-1),
+    "full_like_mean": lambda x: torch.full_like(x, 3.0).mean(-1),
+    "ones_of_sizes": lambda x: torch.ones(x.shape[0], x.shape[1]).sum(-1),
+    "zeros_plus_one": lambda x: (torch.zeros_like(x) + 1).sum(-1),
+    "scatter_then_sum": lambda x: torch.zeros_like(x).index_put((torch.tensor([0]),), torch.tensor(2.0)).sum(-1),
+}
+
+
+@pytest.mark.parametrize("name", list(_CONSTANT_SUMS))
+def test_sums_of_a_dynamic_fill_count_every_element(name, monkeypatch):
+    """IREE 3.13 folds a splat into a reduction over a dynamic dim and adds the value once per
+    vector of the dim, not once per element (ones_like(x).sum(-1) gave 2 for 17 ones with
+    AVX-512). A fill of dynamic sizes is a splat only where an op writes into it in place
+    (torch_import._fills_as_splats), so a sum reads it as torch-mlir lowers it."""
+    import boo_backend
+
+    monkeypatch.setenv("BOO_VERIFY", "off")
+    monkeypatch.setenv("BOO_STRICT", "1")
+    boo_backend.reset()
+    fn = _CONSTANT_SUMS[name]
+    run = torch.compile(fn, backend="boo", dynamic=True)
+    for rows, n in [(3, 70), (2, 17), (5, 9), (2, 131)]:
+        x = torch.randn(rows, n)
+        ours, theirs = run(x), fn(x)
+        assert ours.dtype == theirs.dtype and torch.equal(ours, theirs), f"{name} at {(rows, n)}: {ours} | {theirs}"
+    placed = boo_backend.placements()
+    assert placed and all(p.dynamic for p in placed), [p.line() for p in placed]
+
+
 def _two_sorts(a, b):
     """Two sorts of one shape: each gives the indices of its own order."""
     return torch.ops.aten.sort.default(a, -1)[1], torch.ops.aten.sort.default(b * 3, -1)[1]
