@@ -41,7 +41,8 @@ func.func private @{{ func_name }}(%do: {{ O }}, %q: {{ Q }}, %k: {{ K }}, %v: {
   {#- With dynamic sizes, IREE 3.13 computed dv wrongly for key rows past 64 when the
       caller's permute producing dO was fused into this kernel's contractions (BERT's
       backward, with its sizes read from its tensors: lower._sizes_read_from_shapes). Each
-      input is a tensor of its own here; the caller's producers run before. #}
+      input but the mask (whose dims vary with mask_shape; not seen to need it) is a tensor
+      of its own here; the caller's producers run before. #}
 {% for name, shape, names, dt in [("q", [B, H, L, D], [a.b, "", a.l, ""], dtype), ("k", [B, Hk, S, D], [a.b, "", a.s, ""], dtype),
                                   ("v", [B, Hk, S, Dv], [a.b, "", a.s, ""], dtype), ("do", [B, H, L, Dv], [a.b, "", a.l, ""], dtype),
                                   ("o", [B, H, L, Dv], [a.b, "", a.l, ""], dtype), ("lse", [B, H, L], [a.b, "", a.l], "f32")] %}
