@@ -210,9 +210,10 @@ def _sizes_read_from_shapes(graph: fx.Graph) -> None:
     resources are restricted to workgroup distributed contexts': a running count over
     positions made with arange(n), as in Mistral's masks; 'failed to resolve workgroup count
     hint': Mamba's depthwise conv over a slice), and the graph compiled once per shape; the
-    same sizes read from the tensors compile. Only for such a module (Assembly._compile_part):
-    with every dynamic module built this way, IREE computed a gradient of BERT's backward
-    wrongly at one size (7% off at batch 4, length 70; right at 2 x 16)."""
+    same sizes read from the tensors compile. Only for such a module (Assembly._compile_part),
+    as a safeguard: built this way, BERT's backward once had a gradient 7% off at batch 4,
+    length 70, because IREE fused dO's permute into the attention backward kernel (which now
+    takes its inputs apart: kernels/_helpers.mlir's `apart`)."""
     placeholders = [n for n in graph.nodes if n.op == "placeholder"]
     dims: dict = {}
     for node in placeholders:
