@@ -67,7 +67,7 @@ def measure(name: str, driver: str, calls: int, runs: int) -> dict:
     compiled(*args)
     graph = next(g for g in _graphs() if id(g) not in known)
     runner = next(iter(graph._runners.values()))
-    part = runner.__self__  # IreePart.forward, bound
+    part = runner.part  # graph._boxed's call of one IreePart
     function = part.function
     tensors = [args[v] if k == "arg" else v for k, v in part.lowered.inputs]
     count = len(part.lowered.result_layouts)
@@ -81,7 +81,7 @@ def measure(name: str, driver: str, calls: int, runs: int) -> dict:
     timers = {
         "eager": lambda: fn(*args),
         "compiled": lambda: compiled(*args),
-        "graph": lambda: graph(args),
+        "graph": lambda: graph(list(args)),
         "invoke": invoke,
     }
     for f in timers.values():

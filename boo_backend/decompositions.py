@@ -1,4 +1,4 @@
-"""boo's own FX-level rewrites. Imports only pooling and symbolic, both leaves.
+"""boo's own FX-level rewrites. Imports only pooling, symbolic and nans, all leaves.
 
 - AOT: entries that replace core ATen's in the table given to AOTAutograd.
 - FALLBACK: decompositions for ops that torch-mlir cannot lower and whose torch._decomp entry
@@ -17,6 +17,7 @@ import math
 import sympy
 import torch
 
+from .nans import PRIMS
 from .pooling import avg_pool_backward, max_pool3d_with_indices_backward
 from .symbolic import expr
 
@@ -471,4 +472,5 @@ FALLBACK = {
     aten.convolution_backward.default: _transposed_convolution_backward,
     aten.convolution.default: _depthwise_convolution,
     aten.constant_pad_nd.default: _constant_pad_by_gather,
+    **PRIMS,
 }

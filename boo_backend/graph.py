@@ -32,6 +32,7 @@ from .verify import Verifier
 from .lower import Lowered
 from .partition import Plan, compute_nodes, is_symbolic
 from .part import IreePart, donate
+from .runtime import BooRuntimeError
 from .placement import PLACEMENTS, Placement
 
 log = logging.getLogger("boo_backend")
@@ -55,6 +56,30 @@ def graph_text(gm: fx.GraphModule) -> str:
 def _say_compile_only(target: str) -> None:
     log.info("boo: compile_only: compiling every graph for %s into the compile cache (and dump_dir); "
              "the model runs in eager PyTorch", target)
+
+
+def _boxed(runner) -> Callable[[list], object]:
+    """`runner` as a call on the argument list, which a graph cut into parts empties before its
+    first part runs. AOTAutograd hands the backward its saved activations in that list and
+    keeps no other reference to them (it clears ctx's), so each activation is freed after the
+    part that reads it last, as torch's autograd frees them, rather than when the whole
+    backward returns: GPT-2 small's peak fell by 200 MB (bench/RESULTS.md, twenty-third
+    session). A graph is given the boxed calling convention on a copy, so the one it came
+    from (an eager fallback's `self.gm`) still takes its arguments one by one."""
+    if isinstance(runner, IreePart):  # one module: it reads every argument in its one call
+        forward = runner.forward  # not through nn.Module's call hooks, which cost per step
+
+        def call(args):
+            return forward(*args)
+
+        call.part = runner  # for bench/overhead.py
+        return call
+    if isinstance(runner, fx.GraphModule):
+        graph = fx.Graph()
+        graph.output(graph.graph_copy(runner.graph, {}))
+        graph.set_codegen(fx.graph._BoxedCodeGen())
+        return fx.GraphModule(runner, graph).forward
+    return lambda args: runner(*args)
 
 
 def _signature(values) -> list[str]:
@@ -109,17 +134,33 @@ class CompiledGraph(Assembly):
         if self.dynamic:
             if (self._dynamic_runner is not None and not self._verifier.active
                     and (self._conditions is None or self._conditions.hold(args))):
-                return self._dynamic_runner(*args)
-            outputs = self._call_dynamic(list(args))
+                outputs = self._run_dynamic(self._dynamic_runner, args)
+            else:
+                outputs = self._call_dynamic(args)
             if outputs is not None:
                 return outputs
         key = self._key(args) if self.symbolic else None
         runner = self._runners.get(key)
         if runner is None:
-            runner = self._build(list(args), len(self._runners))
-            # IreePart's forward directly: nn.Module's call hooks cost per step for nothing.
-            runner = self._runners[key] = runner.forward if isinstance(runner, IreePart) else runner
-        return runner(*args)
+            runner = self._runners[key] = _boxed(self._build(list(args), len(self._runners)))
+            return self._first_call(key, runner, args)
+        return runner(args)
+
+    def _first_call(self, key, runner, args: list):
+        """A module's first call. IREE refuses some modules only when they run (torch-mlir
+        lowers adaptive max pooling whose windows differ in size to a kernel that fails
+        then), and the graph then runs in eager PyTorch, where the call still has its
+        arguments: one module takes them as they are, but a graph cut into parts has let
+        go of them (the first step's peak is every step's)."""
+        try:
+            return runner(args)
+        except BooRuntimeError as e:
+            if self.opts.strict or not args:
+                raise
+            warnings.warn(f"boo: {self.kind} graph {self.name} failed at its first call ({first_error(e)}); "
+                          "running it in eager PyTorch at these sizes", BooFallbackWarning, stacklevel=2)
+            self._runners[key] = _boxed(self.gm)
+            return self.gm(*args)
 
     def _compile_only(self, args: list) -> None:
         """Compile this call's module(s) for the target without loading them (compile_only)."""
@@ -151,20 +192,20 @@ class CompiledGraph(Assembly):
         runner = self._dynamic_runner
         if runner is None:
             try:
-                runner = self._build(args, 0, dynamic=True)
+                runner = self._build(list(args), 0, dynamic=True)
             except NotDynamic as e:
                 log.debug("boo: %s graph %s does not compile with dynamic shapes (%s); compiling it "
                           "once per input shape", self.kind, self.name, e)
                 self.dynamic = False
                 return None
-            runner = self._dynamic_runner = runner.forward if isinstance(runner, IreePart) else runner
+            runner = self._dynamic_runner = _boxed(runner)
         if self._conditions is not None and not self._conditions.hold(args):
             log.debug("boo: %s graph %s: this call's sizes break what its dynamic module assumes (%s); "
                       "compiling its shape", self.kind, self.name, self._conditions)
             return None
         key = self._verifier.wants(args)
-        outputs = runner(*args)
-        if key is None:
+        outputs = self._run_dynamic(runner, args, keep=key is not None)  # the check reads them again
+        if outputs is None or key is None:
             return outputs
         wrong = self._verifier.check(key, args, outputs, self.cache.stats)
         if wrong:
@@ -176,6 +217,24 @@ class CompiledGraph(Assembly):
             self._dynamic_runner = None
             return None
         return outputs
+
+    def _run_dynamic(self, runner, args: list, keep: bool = False):
+        """The dynamic module's outputs, or None: at sizes it failed at before (a module of
+        their own serves them), or where it fails now. torch-mlir's symbolic sizes have been
+        wrong at some sizes only (the last of uneven chunks; adaptive pooling whose windows
+        vary), and IREE refuses the call. A graph cut into parts has let go of its arguments
+        by then, so its error stands."""
+        if self._runners and self._key(args) in self._runners:
+            return None
+        try:
+            return runner(list(args) if keep else args)
+        except BooRuntimeError as e:
+            if not args:
+                raise
+            log.warning("boo: the dynamic-shape module of %s graph %s failed at sizes %s (%s); "
+                        "compiling that shape on its own", self.kind, self.name, self._verifier.sizes(args),
+                        first_error(e))
+            return None
 
     def _conditions_of(self, env) -> list[str]:
         """The guards on sizes that boo's tracing added to `env` after Dynamo made its own, in

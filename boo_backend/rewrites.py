@@ -1,6 +1,6 @@
 """Pre-lowering rewrites: ATen calls that IREE 3.13 or torch-mlir get wrong, compile forever,
 or crash on, rewritten into ATen calls they get right. Imports only f64 (float64 math),
-pooling and symbolic, all leaves.
+nans (NaN that torch-mlir's lowerings drop), pooling and symbolic, all leaves.
 
 Each entry of PRE_LOWERING returns NotImplemented for the calls it leaves alone, because
 make_fx applies the whole table once `needs_pre_lowering` says that some call needs it.
@@ -16,6 +16,7 @@ import sympy
 import torch
 
 from .f64 import F64_REWRITES, _negative
+from .nans import NAN_REWRITES
 from .pooling import ceil_mode_avg_pool
 from .symbolic import expr, is_row_major
 
@@ -473,6 +474,7 @@ def _is_int_floor(a, b, *, rounding_mode=None) -> bool:
 # for calls it leaves alone, because make_fx applies the whole table once any call needs it.
 _REWRITES = {
     **F64_REWRITES,
+    **NAN_REWRITES,
     aten.atan2.default: (lambda *a, **k: True, _atan2),
     aten.div.Tensor_mode: (_is_int_floor, _floor_divide),
     aten.div.Scalar_mode: (_is_int_floor, _floor_divide),

@@ -166,9 +166,25 @@ def _writes_into(name: str) -> bool:
     return "scatter" in name or any(w in name for w in ("index_put", "index_add", "index_copy"))
 
 
+# Ops whose result is a view of their first operand's tensor: a write into it is a write into
+# that tensor. `a[:, :3] = 1` on zeros of two dims is a slice_scatter into a slice (over
+# all of dim 0) of the zeros, functionalized.
+_VIEWS_OF_FIRST = frozenset(f"torch.aten.{v}" for v in (
+    "slice.Tensor", "select.int", "narrow", "view", "reshape", "_unsafe_view", "unsqueeze", "squeeze",
+    "squeeze.dim", "squeeze.dims", "permute", "transpose.int", "t", "expand", "diagonal", "alias",
+    "as_strided", "unflatten.int", "flatten.using_ints"))
+
+
+def _written(owner) -> bool:
+    """Whether `owner`, a use of a tensor, writes into it in place, itself or through views."""
+    name = owner.name
+    return _writes_into(name) or name in _VIEWS_OF_FIRST and any(_written(u.owner) for u in owner.results[0].uses)
+
+
 def _fills_as_splats(module) -> None:
     """Each `full`/`full_like` of dynamic sizes that an op writes into in place (slice_scatter,
-    index_put: a backward's zeros) is, for that op, `fill.Scalar` of an empty tensor.
+    index_put: a backward's zeros), itself or through a view of it, is, for that op or view,
+    `fill.Scalar` of an empty tensor.
     torch-mlir lowers `full` to a broadcast of a 0-d constant, which IREE 3.13 makes a
     dispatch of its own when sizes are dynamic (a splat when they are static); two ops that
     write into that one result in place (which IREE merges when equal) then write into one
@@ -184,8 +200,7 @@ def _fills_as_splats(module) -> None:
                 name = op.operation.name
                 if name not in _FILLS or "?" not in str(op.results[0].type):
                     continue
-                writes = [(use.owner, use.operand_number) for use in op.results[0].uses
-                          if _writes_into(use.owner.name)]
+                writes = [(use.owner, use.operand_number) for use in op.results[0].uses if _written(use.owner)]
                 if not writes:
                     continue
                 empty_name, taken = _FILLS[name]

@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import warnings
 
 import pytest
 import torch
@@ -994,3 +995,54 @@ def test_several_index_tensors_are_one_module_for_every_size(fn, monkeypatch):
         assert_close(dh, dh_ref, f"grad at {batch}x{length}")
     placed = boo_backend.placements()
     assert len(placed) == 2 and all(p.dynamic for p in placed), [p.line() for p in placed]
+
+
+def test_a_dynamic_module_that_fails_at_some_sizes_compiles_those_on_their_own(caplog):
+    """torch-mlir's sizes for the last of uneven chunks were wrong (the backward's module
+    expected 24 where chunk(3) of 70 gives 22), and IREE refused the call: a crash in the
+    user's program. Such a size now compiles on its own, and the sizes the module met before
+    keep it."""
+    def pieces(x):
+        return [c * (i + 1) for i, c in enumerate(x.chunk(3, -1))]
+
+    def loss(outs):
+        return sum(o.square().sum() for o in outs)
+
+    run = torch.compile(pieces, backend="boo", dynamic=True)
+    with caplog.at_level(logging.WARNING, logger="boo_backend"):
+        for n in [7, 70, 13, 17, 70]:
+            x = torch.randn(3, n, requires_grad=True)
+            x_ref = x.detach().clone().requires_grad_()
+            ours, ref = run(x), pieces(x_ref)
+            assert_close(list(ours), list(ref), f"chunks at {n}")
+            loss(ours).backward()
+            loss(ref).backward()
+            assert_close(x.grad, x_ref.grad, f"gradient at {n}")
+    failed = [r.getMessage() for r in caplog.records if "failed at sizes" in r.getMessage()]
+    assert failed and len(failed) == len(set(failed)), failed  # each size at most once
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_a_module_iree_refuses_when_it_runs_falls_back_to_eager(dynamic, monkeypatch):
+    """torch-mlir lowers adaptive max pooling whose windows differ in size (17 positions into
+    5) to a kernel that IREE refuses only when it runs ("only support cases with fixed stride
+    size"): the call's graph runs in eager PyTorch, with a warning, rather than crashing the
+    program. In strict mode the error stands."""
+    def pool(x):
+        return torch.nn.functional.adaptive_max_pool1d(x, 5) * 2
+
+    monkeypatch.setenv("BOO_STRICT", "0")
+    run = torch.compile(pool, backend="boo", dynamic=dynamic)
+    seen = set()
+    for n in [70, 17, 33, 17]:
+        x = torch.randn(2, 3, n)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            assert_close(run(x), pool(x), f"pooled at {n}")
+        refused = [w for w in caught if "failed at its first call" in str(w.message)]
+        assert len(refused) == (n % 5 != 0 and n not in seen), [str(w.message) for w in caught]
+        seen.add(n)
+    monkeypatch.setenv("BOO_STRICT", "1")
+    torch._dynamo.reset()
+    with pytest.raises(boo_backend.BooError, match="fixed stride size"):
+        torch.compile(pool, backend="boo", dynamic=dynamic)(torch.randn(2, 3, 17))

@@ -191,6 +191,63 @@ def test_two_writes_into_one_dynamic_fill_as_torch_mlir_lowers_full(tmp_path, mo
     assert _two_writes_worst_error(tmp_path) < 1e-6
 
 
+def _two_masks(x, base=torch.zeros_like, value=1.0):
+    a = base(x)
+    a[:, :3] = value if isinstance(value, float) else value[:, :3]
+    b = base(x)
+    b[:, 5:] = 2 * value if isinstance(value, float) else value[:, 5:] * 2
+    return a, b
+
+
+def _two_neg_inf_masks(x):
+    a = torch.zeros_like(x)
+    a[:, x.shape[1] // 2:] = float("-inf")
+    b = torch.zeros_like(x)
+    b[:, :x.shape[1] // 2] = float("-inf")
+    return (x + a).softmax(-1), (x + b).softmax(-1)
+
+
+# Two buffers of one value and the input's two dynamic sizes, each written in part through a
+# slice (which functionalizes to a slice_scatter into a slice of it): IREE gave both writes
+# to one buffer and left the other as it was.
+_TWO_BUFFERS = {
+    "zeros_scalar": _two_masks,
+    "ones_scalar": lambda x: _two_masks(x, torch.ones_like),
+    "zeros_tensor": lambda x: _two_masks(x, value=x.sin()),
+    "neg_inf_softmax": _two_neg_inf_masks,
+}
+
+
+def _dynamic_in_iree(fn, monkeypatch):
+    """`fn` compiled once for every size, in strict mode, with boo's own check against eager
+    off: the test makes it."""
+    import boo_backend
+
+    monkeypatch.setenv("BOO_VERIFY", "off")
+    monkeypatch.setenv("BOO_STRICT", "1")
+    boo_backend.reset()
+    return torch.compile(fn, backend="boo", dynamic=True)
+
+
+def _assert_all_dynamic():
+    import boo_backend
+
+    placed = boo_backend.placements()
+    assert placed and all(p.dynamic for p in placed), [p.line() for p in placed]
+
+
+@pytest.mark.parametrize("name", list(_TWO_BUFFERS))
+def test_two_buffers_of_one_value_written_through_slices_stay_apart(name, monkeypatch):
+    fn = _TWO_BUFFERS[name]
+    run = _dynamic_in_iree(fn, monkeypatch)
+    for rows, n in [(3, 7), (4, 70), (2, 131), (5, 17)]:
+        x = torch.randn(rows, n)
+        ours, theirs = run(x), fn(x)
+        for i, (o, t) in enumerate(zip(ours, theirs)):
+            assert torch.allclose(o, t, rtol=1e-6, atol=1e-6), f"{name} result {i} at {(rows, n)}: {o} | {t}"
+    _assert_all_dynamic()
+
+
 # Sums over a dim of a tensor of one value, the way programs write them: Wav2Vec2 counts its
 # input lengths with ones_like(x, dtype=long).sum(-1) when no attention mask is given.
 _CONSTANT_SUMS = {
@@ -209,19 +266,13 @@ def test_sums_of_a_dynamic_fill_count_every_element(name, monkeypatch):
     vector of the dim, not once per element (ones_like(x).sum(-1) gave 2 for 17 ones with
     AVX-512). A fill of dynamic sizes is a splat only where an op writes into it in place
     (torch_import._fills_as_splats), so a sum reads it as torch-mlir lowers it."""
-    import boo_backend
-
-    monkeypatch.setenv("BOO_VERIFY", "off")
-    monkeypatch.setenv("BOO_STRICT", "1")
-    boo_backend.reset()
     fn = _CONSTANT_SUMS[name]
-    run = torch.compile(fn, backend="boo", dynamic=True)
+    run = _dynamic_in_iree(fn, monkeypatch)
     for rows, n in [(3, 70), (2, 17), (5, 9), (2, 131)]:
         x = torch.randn(rows, n)
         ours, theirs = run(x), fn(x)
         assert ours.dtype == theirs.dtype and torch.equal(ours, theirs), f"{name} at {(rows, n)}: {ours} | {theirs}"
-    placed = boo_backend.placements()
-    assert placed and all(p.dynamic for p in placed), [p.line() for p in placed]
+    _assert_all_dynamic()
 
 
 def _two_sorts(a, b):
