@@ -149,9 +149,10 @@ class CompiledGraph(Assembly):
     def _first_call(self, key, runner, args: list):
         """A module's first call. IREE refuses some modules only when they run (torch-mlir
         lowers adaptive max pooling whose windows differ in size to a kernel that fails
-        then), and the graph then runs in eager PyTorch, where the call still has its
-        arguments: one module takes them as they are, but a graph cut into parts has let
-        go of them (the first step's peak is every step's)."""
+        then), and the graph then runs in eager PyTorch where the call still has its
+        arguments: one module takes them as they are, but a graph cut into parts has let go
+        of them (keeping them for a retry would raise the first step's peak, which is the
+        process's), so its error stands."""
         try:
             return runner(args)
         except BooRuntimeError as e:
