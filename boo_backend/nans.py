@@ -9,7 +9,8 @@ NaN through all of them, and a training step whose numbers went NaN must show it
 carry on with the bounds. `isfinite` is True for NaN, and so is `x == x` (which is what
 `isfinite` of bfloat16 decomposes to), folded to True. NAN_REWRITES (merged into
 rewrites.PRE_LOWERING) puts the NaN back: an isnan and a select, which IREE fuses into the
-op's own loop.
+op's own loop. `sort` and `topk` put NaN among the numbers; with static sizes they order by a
+key that puts it above +inf, as eager does (_sort, _topk).
 
 `prims.signbit` (what `signbit` and `copysign` decompose to) says it returns floats but
 returns bools, so as an island it handed the next part a tensor of the wrong type; it is read
