@@ -83,6 +83,19 @@ def wrong_when_dynamic(node: fx.Node) -> bool:
     return bool(ceil)
 
 
+def _unsigned_alone(node: fx.Node, unsigned: set) -> bool:
+    """Whether an _UNSIGNED_SAFE op meets no Python number and gives its unsigned dtype (or
+    bool): torch-mlir turns a scalar into the tensor's signless type and promotes to float
+    as if it were signed, so `img * 0.5` gave -28 for 200 and `img < 200` was False there."""
+    if any(isinstance(a, (int, float)) and not isinstance(a, bool) for a in node.args[1:]):
+        return False
+    if any(isinstance(v, (int, float)) and not isinstance(v, bool) for v in node.kwargs.values()):
+        return False
+    out = node.meta.get("val")
+    outs = out if isinstance(out, (tuple, list)) else [out]
+    return all(not isinstance(o, torch.Tensor) or o.dtype in unsigned or o.dtype == torch.bool for o in outs)
+
+
 def wrong_in_iree(node: fx.Node) -> bool:
     """Whether IREE would compute `node` wrongly for its dtypes, so that it must run in eager:
     unsigned integers outside _UNSIGNED_SAFE, bools in _BOOL_WRONG, ops in _ALWAYS_WRONG,
@@ -104,8 +117,10 @@ def wrong_in_iree(node: fx.Node) -> bool:
     if op in (aten.index_put.default, aten._index_put_impl_.default) and accumulate and torch.bool in dtypes:
         return True  # True + True overflows i1 to False; eager's bool sum is a logical or
     unsigned = dtypes & set(_UNSIGNED)
-    if not unsigned or op in _UNSIGNED_SAFE or op.is_view:
+    if not unsigned or op.is_view:
         return False
+    if op in _UNSIGNED_SAFE:
+        return not _unsigned_alone(node, unsigned)
     if op is aten._to_copy.default:  # unsigned to float or bool is right; to int is not
         out = node.meta.get("val")
         return not (isinstance(out, torch.Tensor) and (out.dtype.is_floating_point or out.dtype in {torch.bool, *unsigned}))

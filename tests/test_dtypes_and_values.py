@@ -355,3 +355,31 @@ def test_gradients_through_nan_match_eager(name):
     (ours_grad,) = torch.autograd.grad(ours, x)
     (grad,) = torch.autograd.grad(fn(x).nan_to_num(0.0).sum(), x)
     assert _same_with_nans(ours_grad, grad), f"{name}: {ours_grad} | {grad}"
+
+
+# uint8 with a Python number: torch-mlir turned the number into the tensor's signless type and
+# promoted to float as if the bytes were signed, so 200 * 0.5 gave -28 and 200 < 250 was False.
+_UINT8_WITH_NUMBERS = {
+    "times_half": lambda img: img * 0.5,
+    "times_two": lambda img: img * 2.0,
+    "below_200": lambda img: img < 200,
+    "above_128": lambda img: img > 128,
+    "equals_200": lambda img: img == 200,
+    "mask_plus": lambda img: (img > 128) + img,
+    "where_then_float": lambda img: torch.where(img > 5, img, img + 1) * 1.0,
+    "image_scaled": lambda img: img.permute(0, 2, 1).float() * (1 / 255.0) + img.permute(0, 2, 1) * (1 / 255.0),
+}
+
+
+@pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
+@pytest.mark.parametrize("name", list(_UINT8_WITH_NUMBERS))
+def test_uint8_with_python_numbers_as_eager(name, dynamic, monkeypatch):
+    monkeypatch.setenv("BOO_VERIFY", "off")
+    monkeypatch.setenv("BOO_STRICT", "0")  # such ops run in eager
+    fn = _UINT8_WITH_NUMBERS[name]
+    torch._dynamo.reset()
+    run = torch.compile(fn, backend="boo", dynamic=dynamic)
+    for rows in (3, 70):
+        img = (torch.arange(rows * 256) % 256).to(torch.uint8).reshape(rows, 256 // 4, 4)
+        ours, theirs = run(img), fn(img)
+        assert ours.dtype == theirs.dtype and torch.equal(ours, theirs), f"{name} at {rows}: {ours} | {theirs}"
