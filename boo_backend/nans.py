@@ -138,6 +138,8 @@ _SAME_WIDTH = {torch.float64: torch.int64, torch.float32: torch.int32, torch.flo
 def _signbit(x):
     if x.dtype not in _SAME_WIDTH:
         return NotImplemented
+    if x.dim() == 0:  # IREE 3.13 crashes on a bitcast of a 0-d tensor
+        return aten.squeeze.dim(_signbit(aten.unsqueeze.default(x, 0)), 0)
     return aten.lt.Scalar(aten.view.dtype(x, _SAME_WIDTH[x.dtype]), 0)
 
 

@@ -16,7 +16,7 @@ import sympy
 import torch
 
 from .f64 import F64_REWRITES, _negative
-from .nans import NAN_REWRITES
+from .nans import NAN_REWRITES, _inner, _nested
 from .pooling import ceil_mode_avg_pool
 from .symbolic import expr, is_row_major
 
@@ -162,6 +162,88 @@ def _floor_divide(a, b, *, rounding_mode=None):
     r = aten.sub.Tensor(a, aten.mul.Tensor(q, safe))
     fix = aten.logical_and.default(aten.ne.Scalar(r, 0), aten.ne.Tensor(aten.lt.Scalar(r, 0), aten.lt.Scalar(safe, 0)))
     return aten.sub.Tensor(q, fix.to(dtype))
+
+
+def _as_tensors(a, b, *, wide: bool = False):
+    """a and b (one may be a Python number) as tensors of their result type, and that type;
+    with `wide`, f16/bf16 become f32, and a number is made f32 directly (as eager reads it)."""
+    dtype = torch.result_type(a, b)
+    work = torch.float32 if wide and dtype in _HALF else dtype
+    b = b.to(dtype).to(work) if isinstance(b, torch.Tensor) else torch.scalar_tensor(b, dtype=work, device=a.device)
+    a = a.to(dtype).to(work) if isinstance(a, torch.Tensor) else torch.scalar_tensor(a, dtype=work, device=b.device)
+    return a, b, dtype
+
+
+def _float_fmod(a, b):
+    """Float fmod from the remainder of the magnitudes (an exact remf), with a's sign:
+    torch-mlir lowers fmod as a - trunc(a / b) * b, which rounds the quotient first
+    (fmod(1.5, 0.3) gave -6e-8 where eager gives 0.3; 1555826.4 mod 0.0008 was off by 0.04)."""
+    a, b, dtype = _as_tensors(a, b)
+    if not dtype.is_floating_point or dtype in _HALF:
+        return NotImplemented
+    r = _inner(aten.remainder.Tensor, aten.abs.default(a), aten.abs.default(b))
+    return aten.where.self(aten.signbit.default(a), aten.neg.default(r), r)
+
+
+def _float_remainder(a, b):
+    """Float remainder as eager computes it, fmod moved to b's sign: torch-mlir's fold of a
+    remainder of constants left out that move (remainder(full(-2.5), 1) gave -0.5, not 0.5)."""
+    if _nested(aten.remainder.Tensor):
+        return NotImplemented
+    a, b, dtype = _as_tensors(a, b)
+    if not dtype.is_floating_point or dtype in _HALF:
+        return NotImplemented
+    r = _float_fmod(a, b)
+    moves = aten.logical_and.default(aten.ne.Scalar(r, 0.0), aten.ne.Tensor(aten.signbit.default(r), aten.signbit.default(b)))
+    return aten.where.self(moves, aten.add.Tensor(r, b), r)
+
+
+def _negative_whole_exponent(x, n) -> bool:
+    return (isinstance(x, torch.Tensor) and x.dtype.is_floating_point and isinstance(n, (int, float))
+            and not isinstance(n, bool) and n < 0 and n == int(n))
+
+
+def _pow_negative_integer(x, n):
+    """x ** n for a negative whole n, with eager's infinity at x = 0 (+inf, or -inf for -0.0
+    and odd n): IREE's expansion gave -inf for every zero."""
+    if not _negative_whole_exponent(x, n) or _nested(aten.pow.Tensor_Scalar):
+        return NotImplemented
+    at_zero = aten.reciprocal.default(aten.pow.Tensor_Scalar(x, -n))
+    return aten.where.self(aten.eq.Scalar(x, 0.0), at_zero, _inner(aten.pow.Tensor_Scalar, x, n))
+
+
+def _float_floor_divide(a, b, *, rounding_mode=None):
+    """Float floor division as eager computes it, from fmod: torch-mlir's floor(a / b) rounds
+    the quotient first, so 1.5 // 0.3 gave 5 where eager (and Python) give 4. Half types are
+    computed in f32 and rounded once, a Python number taken in f32, as eager does."""
+    if rounding_mode != "floor":
+        return NotImplemented
+    a, b, dtype = _as_tensors(a, b, wide=True)
+    if not dtype.is_floating_point:
+        return NotImplemented
+    mod = aten.fmod.Tensor(a, b)
+    div = aten.div.Tensor(aten.sub.Tensor(a, mod), b)
+    below = aten.logical_and.default(aten.ne.Scalar(mod, 0.0), aten.ne.Tensor(aten.signbit.default(b), aten.signbit.default(mod)))
+    div = aten.where.self(below, aten.sub.Scalar(div, 1.0), div)
+    floor = aten.floor.default(div)
+    floor = aten.where.self(aten.gt.Scalar(aten.sub.Tensor(div, floor), 0.5), aten.add.Scalar(floor, 1.0), floor)
+    quotient = aten.div.Tensor(a, b)
+    zero = aten.where.self(aten.signbit.default(quotient), aten.full_like.default(floor, -0.0), aten.zeros_like.default(floor))
+    out = aten.where.self(aten.eq.Scalar(div, 0.0), zero, floor)
+    out = aten.where.self(aten.eq.Scalar(b, 0.0), quotient, out)
+    return out.to(dtype)
+
+
+def _int_scatter_mean(x, dim, index, src, reduce, *, include_self=True):
+    """Integer scatter_reduce "mean" as eager computes it: the sum, floor-divided by the count
+    (torch-mlir's lowering truncates, so -7 and 2 gave -1 where eager gives -2)."""
+    if reduce != "mean" or x.dtype.is_floating_point or x.dtype.is_complex or x.dtype == torch.bool:
+        return NotImplemented
+    total = aten.scatter_reduce.two(x, dim, index, src, "sum", include_self=include_self)
+    start = aten.ones_like.default(x) if include_self else aten.zeros_like.default(x)
+    count = aten.scatter_add.default(start, dim, index, aten.ones_like.default(src))
+    count = aten.where.self(aten.eq.Scalar(count, 0), aten.ones_like.default(count), count)
+    return _floor_divide(total, count, rounding_mode="floor")
 
 
 def _int_fmod(a, b):
@@ -399,7 +481,9 @@ def _binary_in_f32(op):
         dtype = torch.result_type(a, b)
         if dtype not in _HALF:
             return NotImplemented
-        wide = [aten._to_copy.default(t, dtype=torch.float32) if isinstance(t, torch.Tensor) else t for t in (a, b)]
+        # eager rounds a Python number to the tensor's type for these two ops (not for div)
+        wide = [aten._to_copy.default(t if isinstance(t, torch.Tensor) else torch.scalar_tensor(t, dtype=dtype),
+                                      dtype=torch.float32) for t in (a, b)]
         return aten._to_copy.default(op(*wide), dtype=dtype)
 
     return rewrite
@@ -407,6 +491,10 @@ def _binary_in_f32(op):
 
 def _is_half_result(a, b, *args, **kwargs) -> bool:
     return torch.result_type(a, b) in _HALF
+
+
+def _is_float_result(a, b, *args, **kwargs) -> bool:
+    return torch.result_type(a, b).is_floating_point
 
 
 def _first_of(*rewrites):
@@ -466,8 +554,12 @@ def _is_int(a, b, **kwargs) -> bool:
     return not dtype.is_floating_point and dtype != torch.bool
 
 
-def _is_int_floor(a, b, *, rounding_mode=None) -> bool:
-    return rounding_mode == "floor" and _is_int(a, b)
+def _is_floor(a, b, *, rounding_mode=None) -> bool:
+    return rounding_mode == "floor" and torch.result_type(a, b) != torch.bool
+
+
+def _is_int_mean(x, dim, index, src, reduce, **kwargs) -> bool:
+    return reduce == "mean" and not x.dtype.is_floating_point and x.dtype != torch.bool
 
 
 # op: (when a call needs the rewrite, the rewrite). Each rewrite also returns NotImplemented
@@ -476,14 +568,15 @@ _REWRITES = {
     **F64_REWRITES,
     **NAN_REWRITES,
     aten.atan2.default: (lambda *a, **k: True, _atan2),
-    aten.div.Tensor_mode: (_is_int_floor, _floor_divide),
-    aten.div.Scalar_mode: (_is_int_floor, _floor_divide),
-    aten.fmod.Tensor: (lambda a, b: _is_int(a, b) or _is_half_result(a, b), _first_of(
-        _int_fmod, _binary_in_f32(aten.fmod.Tensor))),
-    aten.fmod.Scalar: (lambda a, b: _is_int(a, b) or _is_half_result(a, b), _first_of(
-        _int_fmod, _binary_in_f32(aten.fmod.Scalar))),
-    aten.remainder.Tensor: (_is_half_result, _binary_in_f32(aten.remainder.Tensor)),
-    aten.remainder.Scalar: (_is_half_result, _binary_in_f32(aten.remainder.Scalar)),
+    aten.div.Tensor_mode: (_is_floor, _first_of(_floor_divide, _float_floor_divide)),
+    aten.div.Scalar_mode: (_is_floor, _first_of(_floor_divide, _float_floor_divide)),
+    aten.fmod.Tensor: (lambda a, b: True, _first_of(
+        _int_fmod, _binary_in_f32(aten.fmod.Tensor), _float_fmod)),
+    aten.fmod.Scalar: (lambda a, b: True, _first_of(
+        _int_fmod, _binary_in_f32(aten.fmod.Tensor), _float_fmod)),
+    aten.remainder.Tensor: (_is_float_result, _first_of(_binary_in_f32(aten.remainder.Tensor), _float_remainder)),
+    aten.remainder.Scalar: (_is_float_result, _first_of(_binary_in_f32(aten.remainder.Tensor), _float_remainder)),
+    aten.pow.Tensor_Scalar: (_negative_whole_exponent, _pow_negative_integer),
     aten.sum.dim_IntList: (_is_full, _first_of(
         _accumulate_in_f32(aten.sum.dim_IntList), _two_stage_reduction(aten.sum.dim_IntList))),
     aten.sum.default: (_is_full, _first_of(
@@ -523,6 +616,8 @@ for _op in (aten.scatter.src, aten.scatter.value, aten.scatter.reduce, aten.scat
             aten.scatter_add.default, aten.scatter_reduce.two, aten.index_add.default,
             aten.index_copy.default, aten.gather.default):
     _REWRITES[_op] = (_negative_dim, _positive_dim(_op))
+_REWRITES[aten.scatter_reduce.two] = (lambda *a, **k: _negative_dim(*a, **k) or _is_int_mean(*a, **k), _first_of(
+    _positive_dim(aten.scatter_reduce.two), _int_scatter_mean))
 PRE_LOWERING = {op: rewrite for op, (_, rewrite) in _REWRITES.items()}
 
 

@@ -215,6 +215,37 @@ def _fills_as_splats(module) -> None:
                     op.operation.erase()
 
 
+def _is_float_tensor(a) -> bool:
+    val = a.meta.get("val") if isinstance(a, fx.Node) else None
+    return isinstance(val, torch.Tensor) and val.dtype.is_floating_point
+
+
+def _is_number(t) -> bool:
+    """Whether an argument of schema type `t` that holds an int is a number (a Scalar, or a
+    Tensor given as a Python number), not a size or a dim."""
+    if isinstance(t, torch._C.OptionalType):
+        t = t.getElementType()
+    return isinstance(t, (torch._C.NumberType, torch._C.TensorType))
+
+
+def _int_numbers_as_floats(core: fx.GraphModule) -> None:
+    """An int Python number (a Scalar argument) that meets a float tensor becomes a float,
+    as eager reads it. torch-mlir's folds of such an op on a constant tensor read the int
+    wrongly: full(4, 0.3) + -1 gave 1.8e19 (-1 read as unsigned), full(4, 0.3) < 0 gave True,
+    full(4, 0.0) == 0 gave False. Ints in other slots (sizes, dims) are left alone."""
+    for node in core.graph.nodes:
+        if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
+            continue
+        if not any(_is_float_tensor(a) for a in node.args):
+            continue
+        schema = node.target._schema.arguments
+        node.args = tuple(float(a) if type(a) is int and i < len(schema) and _is_number(schema[i].type) else a
+                          for i, a in enumerate(node.args))
+        types = {arg.name: arg.type for arg in schema}
+        node.kwargs = {k: float(v) if type(v) is int and k in types and _is_number(types[k]) else v
+                       for k, v in node.kwargs.items()}
+
+
 def import_core(core: fx.GraphModule) -> tuple[str, list[str]]:
     """torch dialect text for `core`, with one public function `main` and the composite
     kernels it calls; also the kernels' function names."""
@@ -230,6 +261,7 @@ def import_core(core: fx.GraphModule) -> tuple[str, list[str]]:
     # and `torch.bind_symbolic_shape` says how each tensor's sizes relate to them (s27*s77
     # rows), which IREE turns into assumptions. The importer reads the ranges from an
     # ExportedProgram only; a Dynamo graph's come from its ShapeEnv.
+    _int_numbers_as_floats(core)
     ranges = _symbol_ranges(core)
     importer._cc._symbolic_guards = ranges
     importer.import_stateless_graph(core.graph, func_name="main", import_symbolic_shape_expressions=bool(ranges))

@@ -383,3 +383,102 @@ def test_uint8_with_python_numbers_as_eager(name, dynamic, monkeypatch):
         img = (torch.arange(rows * 256) % 256).to(torch.uint8).reshape(rows, 256 // 4, 4)
         ours, theirs = run(img), fn(img)
         assert ours.dtype == theirs.dtype and torch.equal(ours, theirs), f"{name} at {rows}: {ours} | {theirs}"
+
+
+# Float fmod and floor division: torch-mlir computes a - trunc(a / b) * b and floor(a / b),
+# which round the quotient first, so 1.5 // 0.3 gave 5 (eager 4), fmod(1.5, 0.3) gave -6e-8
+# (eager 0.3), and a large number mod a small one was off by up to the divisor.
+_DIVISIONS = {
+    "floor_divide_number": lambda x, d: x // 0.3,
+    "floor_divide_negative_number": lambda x, d: torch.floor_divide(x, -0.7),
+    "div_floor_tensor": lambda x, d: torch.div(x, d, rounding_mode="floor"),
+    "fmod_number": lambda x, d: torch.fmod(x, 0.1),
+    "fmod_tensor": lambda x, d: torch.fmod(x, d),
+    "remainder_tensor": lambda x, d: torch.remainder(x, d),
+    "remainder_negative_number": lambda x, d: torch.remainder(x, -1),
+    "power_minus_one": lambda x, d: x ** -1,  # IREE gave -inf at +0.0
+    "power_minus_two": lambda x, d: torch.pow(x, -2.0),
+}
+
+
+def _dividends(n, dtype):
+    g = torch.Generator().manual_seed(n)
+    near = torch.tensor([0.5, 1.5, 2.5, -1.5, 3.0, 2.1, -2.1, 0.9, 1.2, 3.7, -0.0, 0.0, math.inf, math.nan])
+    x = torch.cat([near, torch.randn(n, generator=g) * 5, torch.randn(n, generator=g) * 1e5])
+    d = torch.cat([torch.full((len(near),), 0.3), torch.rand(n, generator=g) + 0.05, -torch.rand(n, generator=g) * 1e-2 - 1e-4])
+    return x.to(dtype), d.to(dtype)
+
+
+def _same_numbers(ours, theirs) -> bool:
+    """Equal values, NaN where eager has NaN, and the same sign on zeros."""
+    return _same_with_nans(ours, theirs) and torch.equal(
+        ours.nan_to_num(0.0).signbit(), theirs.nan_to_num(0.0).signbit())
+
+
+@pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64], ids=str)
+@pytest.mark.parametrize("name", list(_DIVISIONS))
+def test_float_fmod_and_floor_division_as_eager(name, dtype, dynamic, monkeypatch):
+    monkeypatch.setenv("BOO_VERIFY", "off")
+    fn = _DIVISIONS[name]
+    torch._dynamo.reset()
+    boo_backend.reset()
+    run = torch.compile(fn, backend="boo", dynamic=dynamic)
+    for n in (5, 131):
+        x, d = _dividends(n, dtype)
+        ours, theirs = run(x, d), fn(x, d)
+        if name.startswith("power"):  # exact at zeros and infinities, rounding apart elsewhere
+            torch.testing.assert_close(ours, theirs, equal_nan=True)
+            ours, theirs, x = (t[(x == 0) | ~x.isfinite()] for t in (ours, theirs, x))
+        bad = ~((ours == theirs) | (ours.isnan() & theirs.isnan()))
+        assert _same_numbers(ours, theirs), f"{name} at {n}: x {x[bad][:6]} boo {ours[bad][:6]} eager {theirs[bad][:6]}"
+    assert all(p.island == 0 for p in boo_backend.placements())
+
+
+@pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
+@pytest.mark.parametrize("include_self", [True, False])
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32], ids=str)
+def test_integer_scatter_mean_floors_as_eager(dtype, include_self, dynamic, monkeypatch):
+    """torch-mlir truncated the integer mean, so -7 and 2 into 0 gave -1 where eager gives -2."""
+    monkeypatch.setenv("BOO_VERIFY", "off")
+    fn = lambda base, index, src: base.scatter_reduce(0, index, src, reduce="mean", include_self=include_self)
+    torch._dynamo.reset()
+    boo_backend.reset()
+    run = torch.compile(fn, backend="boo", dynamic=dynamic)
+    for rows, cols in [(6, 1), (130, 33)]:
+        g = torch.Generator().manual_seed(rows)
+        src = torch.randint(-99, 99, (rows, cols), generator=g, dtype=dtype)
+        index = torch.randint(0, rows // 2 + 1, (rows, cols), generator=g)
+        base = torch.randint(-99, 99, (rows // 2 + 2, cols), generator=g, dtype=dtype)  # the last row gets nothing
+        ours, theirs = run(base, index, src), fn(base, index, src)
+        assert ours.dtype == theirs.dtype and torch.equal(ours, theirs), f"at {(rows, cols)}: {(ours != theirs).sum()} differ"
+    assert all(p.island == 0 for p in boo_backend.placements())
+
+
+# A constant tensor (built in the graph) with an int Python number: torch-mlir's folds read
+# the int wrongly, so full(0.3) + -1 gave 1.8e19, full(0.3) < 0 gave True, full(0.0) == 0
+# gave False, and remainder(full(-2.5), 1) gave -0.5.
+_WITH_INTS = ["lt", "gt", "le", "ge", "eq", "ne", "add", "sub", "mul", "div", "remainder", "fmod", "pow",
+              "clamp_min", "clamp_max", "maximum_of_number"]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("name", _WITH_INTS)
+def test_constant_tensors_with_int_numbers(name, dtype, monkeypatch):
+    monkeypatch.setenv("BOO_VERIFY", "off")
+    values, numbers = (0.3, -2.5, 0.0, 1.0, 7.0), (0, 1, -1, 2)
+
+    def fn(x):
+        outs = []
+        for v in values:
+            for c in numbers:
+                t = torch.full((3, 5), v, dtype=dtype)
+                out = torch.maximum(t, torch.tensor(c)) if name == "maximum_of_number" else getattr(torch, name)(t, c)
+                outs.append(out.to(x.dtype) + x)
+        return torch.stack(outs)
+
+    x = torch.randn(3, 5)
+    ours, theirs = _compiled(fn, x), fn(x)
+    bad = [(v, c) for (v, c), o, t in zip([(v, c) for v in values for c in numbers], ours, theirs)
+           if not _same_numbers(o, t)]
+    assert not bad, f"{name}({dtype}) differs from eager at (value, number) {bad}"
