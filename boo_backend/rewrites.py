@@ -562,11 +562,24 @@ def _is_int_mean(x, dim, index, src, reduce, **kwargs) -> bool:
     return reduce == "mean" and not x.dtype.is_floating_point and x.dtype != torch.bool
 
 
+def _merged(*tables: dict) -> dict:
+    """One table from several; an op in more than one gets each of its rewrites, tried in
+    order (a later table's entry no longer replaces an earlier one's)."""
+    out = {}
+    for table in tables:
+        for op, (needs, rewrite) in table.items():
+            if op in out:
+                first_needs, first = out[op]
+                needs = functools.partial(lambda a, b, *args, **kw: a(*args, **kw) or b(*args, **kw), first_needs, needs)
+                rewrite = _first_of(first, rewrite)
+            out[op] = (needs, rewrite)
+    return out
+
+
 # op: (when a call needs the rewrite, the rewrite). Each rewrite also returns NotImplemented
 # for calls it leaves alone, because make_fx applies the whole table once any call needs it.
-_REWRITES = {
-    **F64_REWRITES,
-    **NAN_REWRITES,
+_REWRITES = _merged(F64_REWRITES, NAN_REWRITES, {
+    aten.scatter_reduce.two: (_is_int_mean, _int_scatter_mean),
     aten.atan2.default: (lambda *a, **k: True, _atan2),
     aten.div.Tensor_mode: (_is_floor, _first_of(_floor_divide, _float_floor_divide)),
     aten.div.Scalar_mode: (_is_floor, _first_of(_floor_divide, _float_floor_divide)),
@@ -611,13 +624,9 @@ _REWRITES = {
     aten._log_softmax.default: (_is_0d, _over_a_vector(aten._log_softmax.default, 1)),
     aten._softmax_backward_data.default: (_is_0d, _over_a_vector(aten._softmax_backward_data.default, 2)),
     aten._log_softmax_backward_data.default: (_is_0d, _over_a_vector(aten._log_softmax_backward_data.default, 2)),
-}
-for _op in (aten.scatter.src, aten.scatter.value, aten.scatter.reduce, aten.scatter.value_reduce,
-            aten.scatter_add.default, aten.scatter_reduce.two, aten.index_add.default,
-            aten.index_copy.default, aten.gather.default):
-    _REWRITES[_op] = (_negative_dim, _positive_dim(_op))
-_REWRITES[aten.scatter_reduce.two] = (lambda *a, **k: _negative_dim(*a, **k) or _is_int_mean(*a, **k), _first_of(
-    _positive_dim(aten.scatter_reduce.two), _int_scatter_mean))
+}, {op: (_negative_dim, _positive_dim(op)) for op in (
+    aten.scatter.src, aten.scatter.value, aten.scatter.reduce, aten.scatter.value_reduce, aten.scatter_add.default,
+    aten.scatter_reduce.two, aten.index_add.default, aten.index_copy.default, aten.gather.default)})
 PRE_LOWERING = {op: rewrite for op, (_, rewrite) in _REWRITES.items()}
 
 
