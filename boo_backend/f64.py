@@ -1,4 +1,4 @@
-"""float64 math that keeps float64's precision in IREE. A leaf: imports nothing from boo_backend.
+"""float64 math that keeps float64's precision in IREE. Imports only nans (`_inner`, a leaf) from boo_backend.
 
 IREE's CPU modules in float64 call libm for most math functions (compile.Target.f64_flags
 links them), but IREE expands a few itself, in forms that lose most of float64's precision:
@@ -11,12 +11,12 @@ float64's precision (Kahan's for log1p and expm1), built from ops IREE computes 
 from __future__ import annotations
 
 import math
-import threading
 
 import torch
 
+from .nans import _inner, _nested
+
 aten = torch.ops.aten
-_NESTED = threading.local()
 
 
 def _negative(t):
@@ -202,19 +202,15 @@ def _pow_f64(op):
     constant tensor (torch-mlir folds comparisons of float64 constant tensors wrongly)."""
 
     def rewrite(x, y):
-        if getattr(_NESTED, "pow", False) or torch.result_type(x, y) != _F64:
+        if _nested(op) or torch.result_type(x, y) != _F64:
             return NotImplemented
         tx, ty = isinstance(x, torch.Tensor), isinstance(y, torch.Tensor)
         if tx and not ty and y in _EAGER_POWERS:  # eager's own kernels for these exponents
             return _EAGER_POWERS[y](x.to(_F64))
         x = x.to(_F64) if tx else float(x)
         y = y.to(_F64) if ty else float(y)
-        _NESTED.pow = True
-        try:
-            # abs: IREE's pow of a positive base that overflows to an odd power gives -inf
-            r = aten.abs.default(op(aten.abs.default(x) if tx else abs(x), y))
-        finally:
-            _NESTED.pow = False
+        # abs: IREE's pow of a positive base that overflows to an odd power gives -inf
+        r = aten.abs.default(_inner(op, aten.abs.default(x) if tx else abs(x), y))
         if ty:
             half = aten.mul.Scalar(y, 0.5)
             whole = aten.eq.Tensor(aten.floor.default(y), y)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import functools
 import math
-import threading
 
 import sympy
 import torch
@@ -56,13 +55,10 @@ def _over_a_vector(op, tensors: int):
     return rewrite
 
 
-_NESTED = threading.local()
-
-
 def _atan2(y, x):
     """atan2 from its y >= 0 half: IREE 3.13's f32 approximation gets signs wrong (atan2(-1,
     -inf) gives +pi) and returns NaN for atan2(±0, ±0) and atan2(±inf, ±inf)."""
-    if getattr(_NESTED, "atan2", False):
+    if _nested(aten.atan2.default):
         return NotImplemented
     dtype = torch.result_type(y, x)
     if not dtype.is_floating_point:
@@ -70,11 +66,7 @@ def _atan2(y, x):
     if dtype == torch.float64:  # libm's atan2 (see compile.Target.f64_flags) is right
         return NotImplemented
     y, x = y.to(dtype), x.to(dtype)
-    _NESTED.atan2 = True
-    try:
-        r = aten.atan2.default(aten.abs.default(y), x)
-    finally:
-        _NESTED.atan2 = False
+    r = _inner(aten.atan2.default, aten.abs.default(y), x)
     x_neg = _negative(x)
     zero = aten.logical_and.default(aten.eq.Scalar(y, 0), aten.eq.Scalar(x, 0))
     both_inf = aten.logical_and.default(aten.isinf.default(y), aten.isinf.default(x))
@@ -102,7 +94,7 @@ def _is_float8_cast(x, *args, dtype=None, **kwargs) -> bool:
 
 
 def _float8_cast(x, *args, dtype=None, **kwargs):
-    if getattr(_NESTED, "float8", False) or not _is_float8_cast(x, dtype=dtype):
+    if _nested(aten._to_copy.default) or not _is_float8_cast(x, dtype=dtype):
         return NotImplemented
     if dtype in _FLOAT8 and x.dtype.is_floating_point:
         x = aten._to_copy.default(x, dtype=torch.float32)  # exact, or as eager rounds float64 (via float)
@@ -116,11 +108,8 @@ def _float8_cast(x, *args, dtype=None, **kwargs):
                                 aten.mul.Scalar(aten.sign.default(x), info.max), x)
     widen = x.dtype in _FLOAT8 and dtype is not None and dtype.is_floating_point
     finite_only = x.dtype != getattr(torch, "float8_e5m2", None)  # no infinities: past max is NaN
-    _NESTED.float8 = True
-    try:  # float8 to a float goes through float32 (exact), which IREE converts from every float8
-        out = aten._to_copy.default(x, *args, dtype=torch.float32 if widen else dtype, **kwargs)
-    finally:
-        _NESTED.float8 = False
+    # float8 to a float goes through float32 (exact), which IREE converts from every float8
+    out = _inner(aten._to_copy.default, x, *args, dtype=torch.float32 if widen else dtype, **kwargs)
     if widen and finite_only:
         out = aten.where.self(aten.gt.Scalar(aten.abs.default(out), torch.finfo(x.dtype).max),
                               aten.full_like.default(out, math.nan), out)
@@ -285,7 +274,7 @@ def _index_put_wrapped(x, indices, values, accumulate=False):
     reads them: torch-mlir lowers index_put to a scatter that takes the indices as offsets,
     so a negative one (`x[:, [-1]] = v`, or the backward of `x[:, [-1]]`) writes out of
     bounds and the compiled module corrupts memory or crashes."""
-    if getattr(_NESTED, "index_put", False) or any(i is not None and i.dtype == torch.bool for i in indices):
+    if _nested(aten.index_put.default) or any(i is not None and i.dtype == torch.bool for i in indices):
         return NotImplemented
     wrapped = [None if i is None else _wrapped(i, x.shape[d]) for d, i in enumerate(indices)]
     if len(wrapped) == 1 and wrapped[0].dim() > 1 and not all(isinstance(s, int) for s in wrapped[0].shape):
@@ -296,11 +285,7 @@ def _index_put_wrapped(x, indices, values, accumulate=False):
         count = math.prod(wrapped[0].shape)  # not -1: with an empty row, -1 is ambiguous
         values = aten.reshape.default(aten.expand.default(values, list(wrapped[0].shape) + rest), [count] + rest)
         wrapped = [aten.reshape.default(wrapped[0], [count])]
-    _NESTED.index_put = True
-    try:
-        return aten.index_put.default(x, wrapped, values, accumulate)
-    finally:
-        _NESTED.index_put = False
+    return _inner(aten.index_put.default, x, wrapped, values, accumulate)
 
 
 def _adjacent_indices(x, indices) -> tuple[int, int] | None:
