@@ -246,6 +246,58 @@ def _int_numbers_as_floats(core: fx.GraphModule) -> None:
                        for k, v in node.kwargs.items()}
 
 
+_HALF = (torch.float16, torch.bfloat16)
+# Ops whose eager CPU kernel for a half tensor and a scalar (a Python number, or a 0-d tensor)
+# computes with the scalar in f32 (its "opmath" type), not rounded to the tensor's type.
+# op -> the rounding modes it does so for.
+_SCALAR_IN_F32 = {
+    torch.ops.aten.mul.Tensor: (None,), torch.ops.aten.mul.Scalar: (None,), torch.ops.aten.div.Tensor: (None,),
+    torch.ops.aten.div.Scalar: (None,), torch.ops.aten.div.Tensor_mode: ("trunc",),
+    torch.ops.aten.div.Scalar_mode: ("trunc",),
+}
+
+
+def _wide_scalar(a) -> bool:
+    """Whether `a` is a Python number or a 0-d float tensor wider than f16/bf16."""
+    if isinstance(a, fx.Node):
+        val = a.meta.get("val")
+        return isinstance(val, torch.Tensor) and val.dim() == 0 and val.dtype in (torch.float32, torch.float64)
+    return isinstance(a, (int, float)) and not isinstance(a, bool)
+
+
+def _half_scalars_in_f32(core: fx.GraphModule) -> None:
+    """`x * c` and `x / c` of an f16/bf16 tensor and a scalar computed in f32 and rounded once,
+    as eager's CPU kernels do: torch-mlir rounds c to the tensor's type first, so every
+    product was off by c's rounding (0.3 is 0.30078 in bf16), half of them by an ulp."""
+    graph = core.graph
+    for node in list(graph.nodes):
+        if node.op != "call_function" or node.target not in _SCALAR_IN_F32 or len(node.args) != 2:
+            continue
+        if node.kwargs.get("rounding_mode") not in _SCALAR_IN_F32[node.target]:
+            continue
+        x, c = node.args
+        if not (isinstance(x, fx.Node) and isinstance(x.meta.get("val"), torch.Tensor) and x.meta["val"].dtype in _HALF):
+            continue
+        if not _wide_scalar(c):
+            continue
+        half = x.meta["val"].dtype
+        with graph.inserting_before(node):
+            wide = graph.call_function(torch.ops.aten._to_copy.default, (x,), {"dtype": torch.float32})
+            wide.meta["val"] = x.meta["val"].to(torch.float32)
+            if isinstance(c, fx.Node) and c.meta["val"].dtype != torch.float32:
+                c32 = graph.call_function(torch.ops.aten._to_copy.default, (c,), {"dtype": torch.float32})
+                c32.meta["val"] = c.meta["val"].to(torch.float32)
+                c = c32
+            out = graph.call_function(node.target, (wide, c), dict(node.kwargs))
+            out.meta["val"] = node.meta["val"].to(torch.float32)
+        with graph.inserting_after(out):
+            back = graph.call_function(torch.ops.aten._to_copy.default, (out,), {"dtype": half})
+            back.meta["val"] = node.meta["val"]
+        node.replace_all_uses_with(back)
+        graph.erase_node(node)
+    core.recompile()
+
+
 def import_core(core: fx.GraphModule) -> tuple[str, list[str]]:
     """torch dialect text for `core`, with one public function `main` and the composite
     kernels it calls; also the kernels' function names."""
@@ -262,6 +314,7 @@ def import_core(core: fx.GraphModule) -> tuple[str, list[str]]:
     # rows), which IREE turns into assumptions. The importer reads the ranges from an
     # ExportedProgram only; a Dynamo graph's come from its ShapeEnv.
     _int_numbers_as_floats(core)
+    _half_scalars_in_f32(core)
     ranges = _symbol_ranges(core)
     importer._cc._symbolic_guards = ranges
     importer.import_stateless_graph(core.graph, func_name="main", import_symbolic_shape_expressions=bool(ranges))
