@@ -153,6 +153,51 @@ def _floor_divide(a, b, *, rounding_mode=None):
     return aten.sub.Tensor(q, fix.to(dtype))
 
 
+def _is_signed_int(dtype) -> bool:
+    return not dtype.is_floating_point and not dtype.is_complex and dtype != torch.bool and dtype.is_signed
+
+
+def _int_trunc_divide(a, b, *, rounding_mode=None):
+    """Integer truncating division without the divisors a CPU's division traps on: INT_MIN
+    divided by -1 (eager wraps it to INT_MIN) killed the process with SIGFPE. A zero divisor
+    (an error in eager) gives the dividend."""
+    if rounding_mode != "trunc" or _nested(aten.div.Tensor_mode) or not _is_signed_int(torch.result_type(a, b)):
+        return NotImplemented
+    a, b, _ = _as_tensors(a, b)
+    minus_one = aten.eq.Scalar(b, -1)
+    safe = aten.where.self(aten.logical_or.default(aten.eq.Scalar(b, 0), minus_one), aten.ones_like.default(b), b)
+    q = _inner(aten.div.Tensor_mode, a, safe, rounding_mode="trunc")
+    return aten.where.self(minus_one, aten.neg.default(a), q)
+
+
+def _int_negate(x):
+    """-x of an integer tensor as x * -1: torch-mlir's neg went through f32, so values past
+    2^24 came back rounded (-463277013 as -463277024), written into the caller's tensor by neg_."""
+    if not _is_signed_int(x.dtype):
+        return NotImplemented
+    return aten.mul.Scalar(x, -1)
+
+
+def _shift_by_number(op, right: bool):
+    """An integer shifted by a Python number outside [0, bits), as eager gives it: 0 to the
+    left, the sign's fill to the right (x >> (bits - 1)). IREE shifted by the amount modulo
+    the width (or, with dynamic sizes, returned other elements)."""
+
+    def rewrite(x, n):
+        if not _shift_out_of_range(x, n):
+            return NotImplemented
+        if right:
+            return op(x, x.element_size() * 8 - 1)
+        return aten.mul.Scalar(x, 0)
+
+    return rewrite
+
+
+def _shift_out_of_range(x, n) -> bool:
+    return (isinstance(x, torch.Tensor) and _is_signed_int(x.dtype) and isinstance(n, int)
+            and not isinstance(n, bool) and not 0 <= n < x.element_size() * 8)
+
+
 def _as_tensors(a, b, *, wide: bool = False):
     """a and b (one may be a Python number) as tensors of their result type, and that type;
     with `wide`, f16/bf16 become f32, and a number is made f32 directly (as eager reads it)."""
@@ -543,6 +588,10 @@ def _is_floor(a, b, *, rounding_mode=None) -> bool:
     return rounding_mode == "floor" and torch.result_type(a, b) != torch.bool
 
 
+def _is_int_trunc(a, b, *, rounding_mode=None) -> bool:
+    return rounding_mode == "trunc" and _is_signed_int(torch.result_type(a, b))
+
+
 def _is_int_mean(x, dim, index, src, reduce, **kwargs) -> bool:
     return reduce == "mean" and not x.dtype.is_floating_point and x.dtype != torch.bool
 
@@ -566,6 +615,13 @@ def _merged(*tables: dict) -> dict:
 _REWRITES = _merged(F64_REWRITES, NAN_REWRITES, {
     aten.scatter_reduce.two: (_is_int_mean, _int_scatter_mean),
     aten.atan2.default: (lambda *a, **k: True, _atan2),
+    aten.neg.default: (lambda x: _is_signed_int(x.dtype), _int_negate),
+    aten.__rshift__.Scalar: (_shift_out_of_range, _shift_by_number(aten.__rshift__.Scalar, True)),
+    aten.__lshift__.Scalar: (_shift_out_of_range, _shift_by_number(aten.__lshift__.Scalar, False)),
+    aten.bitwise_right_shift.Tensor_Scalar: (_shift_out_of_range, _shift_by_number(aten.bitwise_right_shift.Tensor_Scalar, True)),
+    aten.bitwise_left_shift.Tensor_Scalar: (_shift_out_of_range, _shift_by_number(aten.bitwise_left_shift.Tensor_Scalar, False)),
+    aten.bitwise_right_shift.Tensor: (_shift_out_of_range, _shift_by_number(aten.bitwise_right_shift.Tensor, True)),
+    aten.bitwise_left_shift.Tensor: (_shift_out_of_range, _shift_by_number(aten.bitwise_left_shift.Tensor, False)),
     aten.div.Tensor_mode: (_is_floor, _first_of(_floor_divide, _float_floor_divide)),
     aten.div.Scalar_mode: (_is_floor, _first_of(_floor_divide, _float_floor_divide)),
     aten.fmod.Tensor: (lambda a, b: True, _first_of(
@@ -609,6 +665,9 @@ _REWRITES = _merged(F64_REWRITES, NAN_REWRITES, {
     aten._log_softmax.default: (_is_0d, _over_a_vector(aten._log_softmax.default, 1)),
     aten._softmax_backward_data.default: (_is_0d, _over_a_vector(aten._softmax_backward_data.default, 2)),
     aten._log_softmax_backward_data.default: (_is_0d, _over_a_vector(aten._log_softmax_backward_data.default, 2)),
+}, {
+    aten.div.Tensor_mode: (_is_int_trunc, _int_trunc_divide),
+    aten.div.Scalar_mode: (_is_int_trunc, _int_trunc_divide),
 }, {op: (_negative_dim, _positive_dim(op)) for op in (
     aten.scatter.src, aten.scatter.value, aten.scatter.reduce, aten.scatter.value_reduce, aten.scatter_add.default,
     aten.scatter_reduce.two, aten.index_add.default, aten.index_copy.default, aten.gather.default)})

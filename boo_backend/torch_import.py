@@ -175,10 +175,13 @@ _VIEWS_OF_FIRST = frozenset(f"torch.aten.{v}" for v in (
     "as_strided", "unflatten.int", "flatten.using_ints"))
 
 
-def _written(owner) -> bool:
-    """Whether `owner`, a use of a tensor, writes into it in place, itself or through views."""
+def _written(owner, operand: int) -> bool:
+    """Whether `owner`, a use of a tensor as its `operand`-th operand, writes into it in place,
+    itself or through views. The tensor written is the first operand; a fill that is only the
+    source of a scatter is read (as the broadcast that reduces right)."""
     name = owner.name
-    return _writes_into(name) or name in _VIEWS_OF_FIRST and any(_written(u.owner) for u in owner.results[0].uses)
+    return operand == 0 and (_writes_into(name) or name in _VIEWS_OF_FIRST and any(
+        _written(u.owner, u.operand_number) for u in owner.results[0].uses))
 
 
 def _fills_as_splats(module) -> None:
@@ -200,7 +203,8 @@ def _fills_as_splats(module) -> None:
                 name = op.operation.name
                 if name not in _FILLS or "?" not in str(op.results[0].type):
                     continue
-                writes = [(use.owner, use.operand_number) for use in op.results[0].uses if _written(use.owner)]
+                writes = [(use.owner, use.operand_number) for use in op.results[0].uses
+                          if _written(use.owner, use.operand_number)]
                 if not writes:
                     continue
                 empty_name, taken = _FILLS[name]

@@ -248,6 +248,37 @@ def test_two_buffers_of_one_value_written_through_slices_stay_apart(name, monkey
     _assert_all_dynamic()
 
 
+def _every_other_filled(x):
+    y = x[::2]
+    y.fill_(7.0)
+    return y.sum(), x * 1
+
+
+# A view filled in place and then reduced: the fill is the source of a slice_scatter, and
+# made a splat of its own it fed the reduction one value per vector of the dim (7 for
+# x[::2] of 8 sevens, 35 for 66 of them).
+_FILLED_VIEWS = {
+    "every_other_filled": _every_other_filled,
+    "columns_filled": lambda x: x.view(1, -1)[:, ::3].fill_(-2.5).sum(-1),
+    "zeros_written_then_summed": lambda x: torch.zeros_like(x).index_fill(0, torch.tensor([0]), 4.0).sum()
+                                           + torch.zeros_like(x).slice_scatter(torch.ones_like(x[1:]), 0, 1).sum(),
+}
+
+
+@pytest.mark.parametrize("name", list(_FILLED_VIEWS))
+def test_a_filled_view_reduces_to_its_count(name, monkeypatch):
+    fn = _FILLED_VIEWS[name]
+    run = _dynamic_in_iree(fn, monkeypatch)
+    for n in (7, 8, 131, 70):
+        x = torch.randn(n)
+        xe = x.clone()
+        ours, theirs = run(x), fn(xe)
+        for i, (o, t) in enumerate(zip(torch.utils._pytree.tree_leaves(ours), torch.utils._pytree.tree_leaves(theirs))):
+            assert torch.allclose(o, t, rtol=1e-6, atol=1e-5), f"{name} result {i} at {n}: {o} | {t}"
+        assert torch.equal(x, xe), f"{name}: the input at {n}"
+    _assert_all_dynamic()
+
+
 # Sums over a dim of a tensor of one value, the way programs write them: Wav2Vec2 counts its
 # input lengths with ones_like(x, dtype=long).sum(-1) when no attention mask is given.
 _CONSTANT_SUMS = {
