@@ -232,6 +232,11 @@ def _is_number(t) -> bool:
     return isinstance(t, (torch._C.NumberType, torch._C.TensorType))
 
 
+# An int exponent stays an int: torch-mlir lowers it to repeated multiplication (powi), a
+# float one to powf (x ** 4.0 through exp and log: 1.6e-7 off, and slower).
+_WHOLE_EXPONENTS = frozenset({torch.ops.aten.pow.Tensor_Scalar})
+
+
 def _int_numbers_as_floats(core: fx.GraphModule) -> None:
     """An int Python number (a Scalar argument) that meets a float tensor becomes a float,
     as eager reads it. torch-mlir's folds of such an op on a constant tensor read the int
@@ -243,8 +248,8 @@ def _int_numbers_as_floats(core: fx.GraphModule) -> None:
         if not any(_is_float_tensor(a) for a in node.args):
             continue
         schema = node.target._schema.arguments
-        node.args = tuple(float(a) if type(a) is int and i < len(schema) and _is_number(schema[i].type) else a
-                          for i, a in enumerate(node.args))
+        node.args = tuple(float(a) if type(a) is int and i < len(schema) and _is_number(schema[i].type)
+                          and node.target not in _WHOLE_EXPONENTS else a for i, a in enumerate(node.args))
         types = {arg.name: arg.type for arg in schema}
         node.kwargs = {k: float(v) if type(v) is int and k in types and _is_number(types[k]) else v
                        for k, v in node.kwargs.items()}
