@@ -232,6 +232,12 @@ def _is_number(t) -> bool:
     return isinstance(t, (torch._C.NumberType, torch._C.TensorType))
 
 
+def _exact_int(a) -> bool:
+    """An int that a float (torch-mlir's f64 constant) holds exactly: a larger one stays an
+    int (`new_full(..., 2**60, dtype=torch.int64)` of a float tensor must not round)."""
+    return type(a) is int and abs(a) <= 2**53
+
+
 # An int exponent stays an int: torch-mlir lowers it to repeated multiplication (powi), a
 # float one to powf (x ** 4.0 through exp and log: 1.6e-7 off, and slower).
 _WHOLE_EXPONENTS = frozenset({torch.ops.aten.pow.Tensor_Scalar})
@@ -248,10 +254,10 @@ def _int_numbers_as_floats(core: fx.GraphModule) -> None:
         if not any(_is_float_tensor(a) for a in node.args):
             continue
         schema = node.target._schema.arguments
-        node.args = tuple(float(a) if type(a) is int and i < len(schema) and _is_number(schema[i].type)
+        node.args = tuple(float(a) if _exact_int(a) and i < len(schema) and _is_number(schema[i].type)
                           and node.target not in _WHOLE_EXPONENTS else a for i, a in enumerate(node.args))
         types = {arg.name: arg.type for arg in schema}
-        node.kwargs = {k: float(v) if type(v) is int and k in types and _is_number(types[k]) else v
+        node.kwargs = {k: float(v) if _exact_int(v) and k in types and _is_number(types[k]) else v
                        for k, v in node.kwargs.items()}
 
 
@@ -289,7 +295,9 @@ def _half_scalars_in_f32(core: fx.GraphModule) -> None:
             continue
         if not _wide_scalar(c):
             continue
-        half = x.meta["val"].dtype
+        half = node.meta["val"].dtype
+        if half not in _HALF:
+            continue
         with graph.inserting_before(node):
             wide = graph.call_function(torch.ops.aten._to_copy.default, (x,), {"dtype": torch.float32})
             wide.meta["val"] = x.meta["val"].to(torch.float32)

@@ -550,3 +550,13 @@ def test_integer_edge_cases_as_eager(name, dtype, dynamic, monkeypatch):
         ours, theirs = run(a, b), fn(a, b)
         assert ours.dtype == theirs.dtype and torch.equal(ours, theirs), f"{name} at {n}: {a[ours != theirs][:5]} -> boo {ours[ours != theirs][:5]}, eager {theirs[ours != theirs][:5]}"
     assert boo_backend.placements() and all(p.island == 0 for p in boo_backend.placements())
+
+
+def test_large_ints_beside_float_tensors_stay_exact():
+    """Int numbers that meet a float tensor are passed as floats (the folds above), but only
+    those a float holds exactly: a fill of int64 past 2^53 must not round."""
+    fn = lambda x: (x.new_full((3,), 2**60 + 1, dtype=torch.int64), torch.full_like(x, -(2**55) - 3, dtype=torch.int64),
+                    x + 3)
+    x = torch.randn(3)
+    for ours, theirs in zip(_compiled(fn, x), fn(x)):
+        assert ours.dtype == theirs.dtype and torch.equal(ours, theirs), f"{ours} | {theirs}"
