@@ -137,11 +137,17 @@ def _accumulate_in_f32(op, has_dtype: bool = True):
     return rewrite
 
 
+def _has_tensor(a, b) -> bool:
+    """Whether a binary op's call has a tensor operand: a call on sizes alone (SymInts, as
+    `torch.div(x.shape[1], 4, rounding_mode="trunc")` traces) is left to torch-mlir."""
+    return isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor)
+
+
 def _floor_divide(a, b, *, rounding_mode=None):
     """Integer floor division from truncating division, which IREE computes exactly;
     torch-mlir's floor lowering goes through f64 and is wrong beyond 2^53. A zero divisor
     (an error in eager) gives 0 instead of a hardware trap."""
-    if rounding_mode != "floor" or torch.result_type(a, b).is_floating_point or torch.result_type(a, b) == torch.bool:
+    if rounding_mode != "floor" or not _has_tensor(a, b) or not _is_int(a, b):
         return NotImplemented
     dtype = torch.result_type(a, b)
     b = b if isinstance(b, torch.Tensor) else torch.scalar_tensor(b, dtype=dtype, device=a.device)
@@ -161,7 +167,7 @@ def _int_trunc_divide(a, b, *, rounding_mode=None):
     """Integer truncating division without the divisors a CPU's division traps on: INT_MIN
     divided by -1 (eager wraps it to INT_MIN) killed the process with SIGFPE. A zero divisor
     (an error in eager) gives the dividend."""
-    if rounding_mode != "trunc" or _nested(aten.div.Tensor_mode) or not _is_signed_int(torch.result_type(a, b)):
+    if not _is_int_trunc(a, b, rounding_mode=rounding_mode) or _nested(aten.div.Tensor_mode):
         return NotImplemented
     a, b, _ = _as_tensors(a, b)
     minus_one = aten.eq.Scalar(b, -1)
@@ -212,6 +218,8 @@ def _float_fmod(a, b):
     """Float fmod from the remainder of the magnitudes (an exact remf), with a's sign:
     torch-mlir lowers fmod as a - trunc(a / b) * b, which rounds the quotient first
     (fmod(1.5, 0.3) gave -6e-8 where eager gives 0.3; 1555826.4 mod 0.0008 was off by 0.04)."""
+    if not _has_tensor(a, b):
+        return NotImplemented
     a, b, dtype = _as_tensors(a, b)
     if not dtype.is_floating_point or dtype in _HALF:
         return NotImplemented
@@ -222,7 +230,7 @@ def _float_fmod(a, b):
 def _float_remainder(a, b):
     """Float remainder as eager computes it, fmod moved to b's sign: torch-mlir's fold of a
     remainder of constants left out that move (remainder(full(-2.5), 1) gave -0.5, not 0.5)."""
-    if _nested(aten.remainder.Tensor):
+    if _nested(aten.remainder.Tensor) or not _has_tensor(a, b):
         return NotImplemented
     a, b, dtype = _as_tensors(a, b)
     if not dtype.is_floating_point or dtype in _HALF:
@@ -250,7 +258,7 @@ def _float_floor_divide(a, b, *, rounding_mode=None):
     """Float floor division as eager computes it, from fmod: torch-mlir's floor(a / b) rounds
     the quotient first, so 1.5 // 0.3 gave 5 where eager (and Python) give 4. Half types are
     computed in f32 and rounded once, a Python number taken in f32, as eager does."""
-    if rounding_mode != "floor":
+    if rounding_mode != "floor" or not _has_tensor(a, b):
         return NotImplemented
     a, b, dtype = _as_tensors(a, b, wide=True)
     if not dtype.is_floating_point:
@@ -282,9 +290,9 @@ def _int_scatter_mean(x, dim, index, src, reduce, *, include_self=True):
 
 def _int_fmod(a, b):
     """Integer fmod (the remainder of truncating division), which torch-mlir cannot lower."""
-    dtype = torch.result_type(a, b)
-    if dtype.is_floating_point or dtype == torch.bool:
+    if not _is_int(a, b):
         return NotImplemented
+    dtype = torch.result_type(a, b)
     b = b if isinstance(b, torch.Tensor) else torch.scalar_tensor(b, dtype=dtype, device=a.device)
     a, b = a.to(dtype), b.to(dtype)
     safe = aten.where.self(aten.eq.Scalar(b, 0), aten.ones_like.default(b), b)
@@ -509,7 +517,7 @@ def _binary_in_f32(op):
 
     def rewrite(a, b):
         dtype = torch.result_type(a, b)
-        if dtype not in _HALF:
+        if dtype not in _HALF or not _has_tensor(a, b):
             return NotImplemented
         # eager rounds a Python number to the tensor's type for these two ops (not for div)
         wide = [aten._to_copy.default(t if isinstance(t, torch.Tensor) else torch.scalar_tensor(t, dtype=dtype),
@@ -524,7 +532,7 @@ def _is_half_result(a, b, *args, **kwargs) -> bool:
 
 
 def _is_float_result(a, b, *args, **kwargs) -> bool:
-    return torch.result_type(a, b).is_floating_point
+    return _has_tensor(a, b) and torch.result_type(a, b).is_floating_point
 
 
 def _first_of(*rewrites):
@@ -581,15 +589,15 @@ def _negative_dim(x, dim, *args, **kwargs) -> bool:
 
 def _is_int(a, b, **kwargs) -> bool:
     dtype = torch.result_type(a, b)
-    return not dtype.is_floating_point and dtype != torch.bool
+    return _has_tensor(a, b) and not dtype.is_floating_point and dtype != torch.bool
 
 
 def _is_floor(a, b, *, rounding_mode=None) -> bool:
-    return rounding_mode == "floor" and torch.result_type(a, b) != torch.bool
+    return rounding_mode == "floor" and _has_tensor(a, b) and torch.result_type(a, b) != torch.bool
 
 
 def _is_int_trunc(a, b, *, rounding_mode=None) -> bool:
-    return rounding_mode == "trunc" and _is_signed_int(torch.result_type(a, b))
+    return rounding_mode == "trunc" and _has_tensor(a, b) and _is_signed_int(torch.result_type(a, b))
 
 
 def _is_int_mean(x, dim, index, src, reduce, **kwargs) -> bool:
@@ -624,9 +632,9 @@ _REWRITES = _merged(F64_REWRITES, NAN_REWRITES, {
     aten.bitwise_left_shift.Tensor: (_shift_out_of_range, _shift_by_number(aten.bitwise_left_shift.Tensor, False)),
     aten.div.Tensor_mode: (_is_floor, _first_of(_floor_divide, _float_floor_divide)),
     aten.div.Scalar_mode: (_is_floor, _first_of(_floor_divide, _float_floor_divide)),
-    aten.fmod.Tensor: (lambda a, b: True, _first_of(
+    aten.fmod.Tensor: (_has_tensor, _first_of(
         _int_fmod, _binary_in_f32(aten.fmod.Tensor), _float_fmod)),
-    aten.fmod.Scalar: (lambda a, b: True, _first_of(
+    aten.fmod.Scalar: (_has_tensor, _first_of(
         _int_fmod, _binary_in_f32(aten.fmod.Tensor), _float_fmod)),
     aten.remainder.Tensor: (_is_float_result, _first_of(_binary_in_f32(aten.remainder.Tensor), _float_remainder)),
     aten.remainder.Scalar: (_is_float_result, _first_of(_binary_in_f32(aten.remainder.Tensor), _float_remainder)),
