@@ -147,11 +147,9 @@ def _floor_divide(a, b, *, rounding_mode=None):
     """Integer floor division from truncating division, which IREE computes exactly;
     torch-mlir's floor lowering goes through f64 and is wrong beyond 2^53. A zero divisor
     (an error in eager) gives 0 instead of a hardware trap."""
-    if rounding_mode != "floor" or not _has_tensor(a, b) or not _is_int(a, b):
+    if rounding_mode != "floor" or not _is_int(a, b):
         return NotImplemented
-    dtype = torch.result_type(a, b)
-    b = b if isinstance(b, torch.Tensor) else torch.scalar_tensor(b, dtype=dtype, device=a.device)
-    a, b = a.to(dtype), b.to(dtype)
+    a, b, dtype = _as_tensors(a, b)
     safe = aten.where.self(aten.eq.Scalar(b, 0), aten.ones_like.default(b), b)
     q = aten.div.Tensor_mode(a, safe, rounding_mode="trunc")
     r = aten.sub.Tensor(a, aten.mul.Tensor(q, safe))
@@ -279,7 +277,7 @@ def _float_floor_divide(a, b, *, rounding_mode=None):
 def _int_scatter_mean(x, dim, index, src, reduce, *, include_self=True):
     """Integer scatter_reduce "mean" as eager computes it: the sum, floor-divided by the count
     (torch-mlir's lowering truncates, so -7 and 2 gave -1 where eager gives -2)."""
-    if reduce != "mean" or x.dtype.is_floating_point or x.dtype.is_complex or x.dtype == torch.bool:
+    if not _is_int_mean(x, dim, index, src, reduce):
         return NotImplemented
     total = aten.scatter_reduce.two(x, dim, index, src, "sum", include_self=include_self)
     start = aten.ones_like.default(x) if include_self else aten.zeros_like.default(x)
@@ -292,9 +290,7 @@ def _int_fmod(a, b):
     """Integer fmod (the remainder of truncating division), which torch-mlir cannot lower."""
     if not _is_int(a, b):
         return NotImplemented
-    dtype = torch.result_type(a, b)
-    b = b if isinstance(b, torch.Tensor) else torch.scalar_tensor(b, dtype=dtype, device=a.device)
-    a, b = a.to(dtype), b.to(dtype)
+    a, b, _ = _as_tensors(a, b)
     safe = aten.where.self(aten.eq.Scalar(b, 0), aten.ones_like.default(b), b)
     return aten.sub.Tensor(a, aten.mul.Tensor(aten.div.Tensor_mode(a, safe, rounding_mode="trunc"), safe))
 
@@ -527,10 +523,6 @@ def _binary_in_f32(op):
     return rewrite
 
 
-def _is_half_result(a, b, *args, **kwargs) -> bool:
-    return torch.result_type(a, b) in _HALF
-
-
 def _is_float_result(a, b, *args, **kwargs) -> bool:
     return _has_tensor(a, b) and torch.result_type(a, b).is_floating_point
 
@@ -601,7 +593,11 @@ def _is_int_trunc(a, b, *, rounding_mode=None) -> bool:
 
 
 def _is_int_mean(x, dim, index, src, reduce, **kwargs) -> bool:
-    return reduce == "mean" and not x.dtype.is_floating_point and x.dtype != torch.bool
+    return reduce == "mean" and not x.dtype.is_floating_point and not x.dtype.is_complex and x.dtype != torch.bool
+
+
+def _either(first, second):
+    return lambda *args, **kwargs: first(*args, **kwargs) or second(*args, **kwargs)
 
 
 def _merged(*tables: dict) -> dict:
@@ -611,9 +607,7 @@ def _merged(*tables: dict) -> dict:
     for table in tables:
         for op, (needs, rewrite) in table.items():
             if op in out:
-                first_needs, first = out[op]
-                needs = functools.partial(lambda a, b, *args, **kw: a(*args, **kw) or b(*args, **kw), first_needs, needs)
-                rewrite = _first_of(first, rewrite)
+                needs, rewrite = _either(out[op][0], needs), _first_of(out[op][1], rewrite)
             out[op] = (needs, rewrite)
     return out
 
@@ -624,12 +618,6 @@ _REWRITES = _merged(F64_REWRITES, NAN_REWRITES, {
     aten.scatter_reduce.two: (_is_int_mean, _int_scatter_mean),
     aten.atan2.default: (lambda *a, **k: True, _atan2),
     aten.neg.default: (lambda x: _is_signed_int(x.dtype), _int_negate),
-    aten.__rshift__.Scalar: (_shift_out_of_range, _shift_by_number(aten.__rshift__.Scalar, True)),
-    aten.__lshift__.Scalar: (_shift_out_of_range, _shift_by_number(aten.__lshift__.Scalar, False)),
-    aten.bitwise_right_shift.Tensor_Scalar: (_shift_out_of_range, _shift_by_number(aten.bitwise_right_shift.Tensor_Scalar, True)),
-    aten.bitwise_left_shift.Tensor_Scalar: (_shift_out_of_range, _shift_by_number(aten.bitwise_left_shift.Tensor_Scalar, False)),
-    aten.bitwise_right_shift.Tensor: (_shift_out_of_range, _shift_by_number(aten.bitwise_right_shift.Tensor, True)),
-    aten.bitwise_left_shift.Tensor: (_shift_out_of_range, _shift_by_number(aten.bitwise_left_shift.Tensor, False)),
     aten.div.Tensor_mode: (_is_floor, _first_of(_floor_divide, _float_floor_divide)),
     aten.div.Scalar_mode: (_is_floor, _first_of(_floor_divide, _float_floor_divide)),
     aten.fmod.Tensor: (_has_tensor, _first_of(
@@ -673,7 +661,10 @@ _REWRITES = _merged(F64_REWRITES, NAN_REWRITES, {
     aten._log_softmax.default: (_is_0d, _over_a_vector(aten._log_softmax.default, 1)),
     aten._softmax_backward_data.default: (_is_0d, _over_a_vector(aten._softmax_backward_data.default, 2)),
     aten._log_softmax_backward_data.default: (_is_0d, _over_a_vector(aten._log_softmax_backward_data.default, 2)),
-}, {
+}, {op: (_shift_out_of_range, _shift_by_number(op, right)) for op, right in (
+    (aten.__rshift__.Scalar, True), (aten.bitwise_right_shift.Tensor_Scalar, True), (aten.bitwise_right_shift.Tensor, True),
+    (aten.__lshift__.Scalar, False), (aten.bitwise_left_shift.Tensor_Scalar, False), (aten.bitwise_left_shift.Tensor, False),
+)}, {  # a second entry for the divisions above: _merged tries both
     aten.div.Tensor_mode: (_is_int_trunc, _int_trunc_divide),
     aten.div.Scalar_mode: (_is_int_trunc, _int_trunc_divide),
 }, {op: (_negative_dim, _positive_dim(op)) for op in (
