@@ -1,6 +1,6 @@
 """FX -> torch-mlir: cut a graph down to what IREE computes, then import it as torch dialect.
 
-Imports symbolic, torch_import (the import itself) and config from boo_backend.
+Imports bounds, symbolic, torch_import (the import itself) and config from boo_backend.
 
 An AOTAutograd graph returns more than computed tensors: its own inputs (aliases), `None`
 gradients, plain numbers, constants. IREE only sees the *core*: tensor inputs that some
@@ -20,7 +20,7 @@ import torch
 import torch.fx as fx
 from torch.fx.passes.shape_prop import _extract_tensor_metadata
 
-from . import symbolic, torch_import
+from . import bounds, symbolic, torch_import
 from .config import BooError
 
 log = logging.getLogger("boo_backend")
@@ -63,9 +63,11 @@ class Lowered:
     placed: tuple[int, ...] = ()
     # The core pickled, as the compile cache keeps it: `graph()` unpickles it on first use.
     graph_blob: bytes | None = None
+    # The last IREE result is a 0-d bool: an index of the graph is out of range (bounds.py).
+    bounds: bool = False
 
     _FIELDS = ("mlir", "inputs", "outputs", "result_layouts", "tuple_output", "kernels", "writes",
-               "result_dtypes", "symbols", "placed")
+               "result_dtypes", "symbols", "placed", "bounds")
 
     def to_bytes(self, extra: dict) -> bytes:
         """For the compile cache (torch.save, loadable with weights_only=True): the fields,
@@ -323,6 +325,11 @@ def build_core(gm: fx.GraphModule, sizes_from_shapes: bool = False) -> tuple[fx.
                 outputs.append(("permuted", (made[value], tuple(_inverse(order)))))
         else:
             outputs.append(("value", value))
+    flag = bounds.checked(graph)
+    if flag is not None:  # the last result: whether an index is out of range
+        flag.meta["bounds"] = True
+        results.append(flag)
+        result_layouts.append(_layout(flag.meta["val"]))
     graph.output(tuple(results))
     if sizes_from_shapes:
         _sizes_read_from_shapes(graph)
@@ -414,5 +421,5 @@ def lower(gm: fx.GraphModule, sizes_from_shapes: bool = False) -> Lowered:
     out = next(n for n in core.graph.nodes if n.op == "output").args[0]
     dtypes = [str(r.meta["val"].dtype).removeprefix("torch.") for r in out]
     return Lowered(text, core, inputs, outputs, layouts, tuple_output, kernels, written_inputs(core), dtypes,
-                   symbols)
+                   symbols, bounds=bool(out) and bool(out[-1].meta.get("bounds")))
 

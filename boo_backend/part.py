@@ -13,6 +13,7 @@ import torch
 import torch.fx as fx
 
 from . import memory, symbolic
+from .bounds import raise_if_out_of_range
 from .lower import Lowered, arguments, output_texts
 from .partition import ATEN_MEASURED
 from .runtime import IreeFunction
@@ -128,6 +129,8 @@ class IreePart(torch.nn.Module):
             inputs = self._inputs_for(args) if self._consts_moved else low.inputs
             tensors = arguments(inputs, args, sizes)
             results = self.function(tensors, len(low.result_layouts), donated)
+            if low.bounds:
+                raise_if_out_of_range(results[-1], self.function.graph)
             for j, dtype in self.retype:
                 results[j] = results[j].view(dtype)
             for j, shape, stride in (*self.restride, *restride):

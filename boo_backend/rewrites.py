@@ -1,6 +1,7 @@
 """Pre-lowering rewrites: ATen calls that IREE 3.13 or torch-mlir get wrong, compile forever,
-or crash on, rewritten into ATen calls they get right. Imports only f64 (float64 math),
-nans (NaN that torch-mlir's lowerings drop), pooling and symbolic, all leaves.
+or crash on, rewritten into ATen calls they get right. Imports only arith (integer and
+float division, remainders, shifts), f64 (float64 math), nans (NaN that torch-mlir's
+lowerings drop), pooling and symbolic, all leaves.
 
 Each entry of PRE_LOWERING returns NotImplemented for the calls it leaves alone, because
 make_fx applies the whole table once `needs_pre_lowering` says that some call needs it.
@@ -14,6 +15,7 @@ import math
 import sympy
 import torch
 
+from .arith import _HALF, ARITH_REWRITES, _first_of
 from .f64 import F64_REWRITES, _negative
 from .nans import NAN_REWRITES, _inner, _nested
 from .pooling import ceil_mode_avg_pool
@@ -118,9 +120,6 @@ def _float8_cast(x, *args, dtype=None, **kwargs):
     return out
 
 
-_HALF = (torch.float16, torch.bfloat16)
-
-
 def _accumulate_in_f32(op, has_dtype: bool = True):
     """`op` (a reduction or scan) on f16/bf16 computed in f32 and rounded once at the end, as
     eager does on the CPU; in the input's type, a long sum loses its low bits or overflows."""
@@ -135,164 +134,6 @@ def _accumulate_in_f32(op, has_dtype: bool = True):
         return aten._to_copy.default(out, dtype=x.dtype)
 
     return rewrite
-
-
-def _has_tensor(a, b) -> bool:
-    """Whether a binary op's call has a tensor operand: a call on sizes alone (SymInts, as
-    `torch.div(x.shape[1], 4, rounding_mode="trunc")` traces) is left to torch-mlir."""
-    return isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor)
-
-
-def _floor_divide(a, b, *, rounding_mode=None):
-    """Integer floor division from truncating division, which IREE computes exactly;
-    torch-mlir's floor lowering goes through f64 and is wrong beyond 2^53. A zero divisor
-    (an error in eager) gives 0 instead of a hardware trap."""
-    if rounding_mode != "floor" or not _is_int(a, b):
-        return NotImplemented
-    a, b, dtype = _as_tensors(a, b)
-    safe = aten.where.self(aten.eq.Scalar(b, 0), aten.ones_like.default(b), b)
-    q = aten.div.Tensor_mode(a, safe, rounding_mode="trunc")
-    r = aten.sub.Tensor(a, aten.mul.Tensor(q, safe))
-    fix = aten.logical_and.default(aten.ne.Scalar(r, 0), aten.ne.Tensor(aten.lt.Scalar(r, 0), aten.lt.Scalar(safe, 0)))
-    return aten.sub.Tensor(q, fix.to(dtype))
-
-
-def _is_signed_int(dtype) -> bool:
-    return not dtype.is_floating_point and not dtype.is_complex and dtype != torch.bool and dtype.is_signed
-
-
-def _int_trunc_divide(a, b, *, rounding_mode=None):
-    """Integer truncating division without the divisors a CPU's division traps on: INT_MIN
-    divided by -1 (eager wraps it to INT_MIN) killed the process with SIGFPE. A zero divisor
-    (an error in eager) gives the dividend."""
-    if not _is_int_trunc(a, b, rounding_mode=rounding_mode) or _nested(aten.div.Tensor_mode):
-        return NotImplemented
-    a, b, _ = _as_tensors(a, b)
-    minus_one = aten.eq.Scalar(b, -1)
-    safe = aten.where.self(aten.logical_or.default(aten.eq.Scalar(b, 0), minus_one), aten.ones_like.default(b), b)
-    q = _inner(aten.div.Tensor_mode, a, safe, rounding_mode="trunc")
-    return aten.where.self(minus_one, aten.neg.default(a), q)
-
-
-def _int_negate(x):
-    """-x of an integer tensor as x * -1: torch-mlir's neg went through f32, so values past
-    2^24 came back rounded (-463277013 as -463277024), written into the caller's tensor by neg_."""
-    if not _is_signed_int(x.dtype):
-        return NotImplemented
-    return aten.mul.Scalar(x, -1)
-
-
-def _shift_by_number(op, right: bool):
-    """An integer shifted by a Python number outside [0, bits), as eager gives it: 0 to the
-    left, the sign's fill to the right (x >> (bits - 1)). IREE shifted by the amount modulo
-    the width (or, with dynamic sizes, returned other elements)."""
-
-    def rewrite(x, n):
-        if not _shift_out_of_range(x, n):
-            return NotImplemented
-        if right:
-            return op(x, x.element_size() * 8 - 1)
-        return aten.mul.Scalar(x, 0)
-
-    return rewrite
-
-
-def _shift_out_of_range(x, n) -> bool:
-    return (isinstance(x, torch.Tensor) and _is_signed_int(x.dtype) and isinstance(n, int)
-            and not isinstance(n, bool) and not 0 <= n < x.element_size() * 8)
-
-
-def _as_tensors(a, b, *, wide: bool = False):
-    """a and b (one may be a Python number) as tensors of their result type, and that type;
-    with `wide`, f16/bf16 become f32, and a number is made f32 directly (as eager reads it)."""
-    dtype = torch.result_type(a, b)
-    work = torch.float32 if wide and dtype in _HALF else dtype
-    b = b.to(dtype).to(work) if isinstance(b, torch.Tensor) else torch.scalar_tensor(b, dtype=work, device=a.device)
-    a = a.to(dtype).to(work) if isinstance(a, torch.Tensor) else torch.scalar_tensor(a, dtype=work, device=b.device)
-    return a, b, dtype
-
-
-def _float_fmod(a, b):
-    """Float fmod from the remainder of the magnitudes (an exact remf), with a's sign:
-    torch-mlir lowers fmod as a - trunc(a / b) * b, which rounds the quotient first
-    (fmod(1.5, 0.3) gave -6e-8 where eager gives 0.3; 1555826.4 mod 0.0008 was off by 0.04)."""
-    if not _has_tensor(a, b):
-        return NotImplemented
-    a, b, dtype = _as_tensors(a, b)
-    if not dtype.is_floating_point or dtype in _HALF:
-        return NotImplemented
-    r = _inner(aten.remainder.Tensor, aten.abs.default(a), aten.abs.default(b))
-    return aten.where.self(aten.signbit.default(a), aten.neg.default(r), r)
-
-
-def _float_remainder(a, b):
-    """Float remainder as eager computes it, fmod moved to b's sign: torch-mlir's fold of a
-    remainder of constants left out that move (remainder(full(-2.5), 1) gave -0.5, not 0.5)."""
-    if _nested(aten.remainder.Tensor) or not _has_tensor(a, b):
-        return NotImplemented
-    a, b, dtype = _as_tensors(a, b)
-    if not dtype.is_floating_point or dtype in _HALF:
-        return NotImplemented
-    r = _float_fmod(a, b)
-    moves = aten.logical_and.default(aten.ne.Scalar(r, 0.0), aten.ne.Tensor(aten.signbit.default(r), aten.signbit.default(b)))
-    return aten.where.self(moves, aten.add.Tensor(r, b), r)
-
-
-def _negative_whole_exponent(x, n) -> bool:
-    return (isinstance(x, torch.Tensor) and x.dtype.is_floating_point and isinstance(n, (int, float))
-            and not isinstance(n, bool) and n < 0 and n == int(n))
-
-
-def _pow_negative_integer(x, n):
-    """x ** n for a negative whole n, with eager's infinity at x = 0 (+inf, or -inf for -0.0
-    and odd n): IREE's expansion gave -inf for every zero."""
-    if not _negative_whole_exponent(x, n) or _nested(aten.pow.Tensor_Scalar):
-        return NotImplemented
-    at_zero = aten.reciprocal.default(aten.pow.Tensor_Scalar(x, -n))
-    return aten.where.self(aten.eq.Scalar(x, 0.0), at_zero, _inner(aten.pow.Tensor_Scalar, x, n))
-
-
-def _float_floor_divide(a, b, *, rounding_mode=None):
-    """Float floor division as eager computes it, from fmod: torch-mlir's floor(a / b) rounds
-    the quotient first, so 1.5 // 0.3 gave 5 where eager (and Python) give 4. Half types are
-    computed in f32 and rounded once, a Python number taken in f32, as eager does."""
-    if rounding_mode != "floor" or not _has_tensor(a, b):
-        return NotImplemented
-    a, b, dtype = _as_tensors(a, b, wide=True)
-    if not dtype.is_floating_point:
-        return NotImplemented
-    mod = aten.fmod.Tensor(a, b)
-    div = aten.div.Tensor(aten.sub.Tensor(a, mod), b)
-    below = aten.logical_and.default(aten.ne.Scalar(mod, 0.0), aten.ne.Tensor(aten.signbit.default(b), aten.signbit.default(mod)))
-    div = aten.where.self(below, aten.sub.Scalar(div, 1.0), div)
-    floor = aten.floor.default(div)
-    floor = aten.where.self(aten.gt.Scalar(aten.sub.Tensor(div, floor), 0.5), aten.add.Scalar(floor, 1.0), floor)
-    quotient = aten.div.Tensor(a, b)
-    zero = aten.where.self(aten.signbit.default(quotient), aten.full_like.default(floor, -0.0), aten.zeros_like.default(floor))
-    out = aten.where.self(aten.eq.Scalar(div, 0.0), zero, floor)
-    out = aten.where.self(aten.eq.Scalar(b, 0.0), quotient, out)
-    return out.to(dtype)
-
-
-def _int_scatter_mean(x, dim, index, src, reduce, *, include_self=True):
-    """Integer scatter_reduce "mean" as eager computes it: the sum, floor-divided by the count
-    (torch-mlir's lowering truncates, so -7 and 2 gave -1 where eager gives -2)."""
-    if not _is_int_mean(x, dim, index, src, reduce):
-        return NotImplemented
-    total = aten.scatter_reduce.two(x, dim, index, src, "sum", include_self=include_self)
-    start = aten.ones_like.default(x) if include_self else aten.zeros_like.default(x)
-    count = aten.scatter_add.default(start, dim, index, aten.ones_like.default(src))
-    count = aten.where.self(aten.eq.Scalar(count, 0), aten.ones_like.default(count), count)
-    return _floor_divide(total, count, rounding_mode="floor")
-
-
-def _int_fmod(a, b):
-    """Integer fmod (the remainder of truncating division), which torch-mlir cannot lower."""
-    if not _is_int(a, b):
-        return NotImplemented
-    a, b, _ = _as_tensors(a, b)
-    safe = aten.where.self(aten.eq.Scalar(b, 0), aten.ones_like.default(b), b)
-    return aten.sub.Tensor(a, aten.mul.Tensor(aten.div.Tensor_mode(a, safe, rounding_mode="trunc"), safe))
 
 
 def _index_put_mask(x, indices, values, accumulate=False):
@@ -361,11 +202,17 @@ def _index_flattened(x, indices):
         return NotImplemented
     first, count = _adjacent_indices(x, indices)
     sizes = list(x.shape[first:first + count])
-    flat = None
+    flat = inside = None
     for d, size in enumerate(sizes):
         i = _wrapped(indices[first + d], size)
+        ok = aten.logical_and.default(aten.ge.Scalar(i, 0), aten.lt.Scalar(i, size))
+        inside = ok if inside is None else aten.logical_and.default(inside, ok)
         flat = i if flat is None else aten.add.Tensor(aten.mul.Scalar(flat, size), i)
-    merged = [*x.shape[:first], math.prod(sizes), *x.shape[first + count:]]
+    # An index out of its own dim's range (j = 7 of 5 read the next row's element 2) makes
+    # the flat one out of the merged dim's, where bounds.py sees it.
+    total = math.prod(sizes)
+    flat = aten.where.self(inside, flat, aten.add.Scalar(aten.mul.Scalar(flat, 0), total))
+    merged = [*x.shape[:first], total, *x.shape[first + count:]]
     return aten.index.Tensor(aten.reshape.default(x, merged), [None] * first + [flat])
 
 
@@ -507,37 +354,6 @@ def _contiguous_slice_scatter(x, src, dim=0, start=None, end=None, step=1):
     return aten.cat.default([p for p in pieces if p.shape[dim] != 0], dim)
 
 
-def _binary_in_f32(op):
-    """Binary `op` on f16/bf16 computed in f32 and rounded once: torch-mlir expands fmod and
-    remainder into several half-precision steps (a - trunc(a / b) * b), each one rounding."""
-
-    def rewrite(a, b):
-        dtype = torch.result_type(a, b)
-        if dtype not in _HALF or not _has_tensor(a, b):
-            return NotImplemented
-        # eager rounds a Python number to the tensor's type for these two ops (not for div)
-        wide = [aten._to_copy.default(t if isinstance(t, torch.Tensor) else torch.scalar_tensor(t, dtype=dtype),
-                                      dtype=torch.float32) for t in (a, b)]
-        return aten._to_copy.default(op(*wide), dtype=dtype)
-
-    return rewrite
-
-
-def _is_float_result(a, b, *args, **kwargs) -> bool:
-    return _has_tensor(a, b) and torch.result_type(a, b).is_floating_point
-
-
-def _first_of(*rewrites):
-    def rewrite(*args, **kwargs):
-        for r in rewrites:
-            out = r(*args, **kwargs)
-            if out is not NotImplemented:
-                return out
-        return NotImplemented
-
-    return rewrite
-
-
 def _is_half(x, *args, **kwargs) -> bool:
     return isinstance(x, torch.Tensor) and x.dtype in _HALF and kwargs.get("dtype") is None
 
@@ -579,23 +395,6 @@ def _negative_dim(x, dim, *args, **kwargs) -> bool:
     return dim < 0
 
 
-def _is_int(a, b, **kwargs) -> bool:
-    dtype = torch.result_type(a, b)
-    return _has_tensor(a, b) and not dtype.is_floating_point and dtype != torch.bool
-
-
-def _is_floor(a, b, *, rounding_mode=None) -> bool:
-    return rounding_mode == "floor" and _has_tensor(a, b) and torch.result_type(a, b) != torch.bool
-
-
-def _is_int_trunc(a, b, *, rounding_mode=None) -> bool:
-    return rounding_mode == "trunc" and _has_tensor(a, b) and _is_signed_int(torch.result_type(a, b))
-
-
-def _is_int_mean(x, dim, index, src, reduce, **kwargs) -> bool:
-    return reduce == "mean" and not x.dtype.is_floating_point and not x.dtype.is_complex and x.dtype != torch.bool
-
-
 def _either(first, second):
     return lambda *args, **kwargs: first(*args, **kwargs) or second(*args, **kwargs)
 
@@ -614,19 +413,8 @@ def _merged(*tables: dict) -> dict:
 
 # op: (when a call needs the rewrite, the rewrite). Each rewrite also returns NotImplemented
 # for calls it leaves alone, because make_fx applies the whole table once any call needs it.
-_REWRITES = _merged(F64_REWRITES, NAN_REWRITES, {
-    aten.scatter_reduce.two: (_is_int_mean, _int_scatter_mean),
+_REWRITES = _merged(F64_REWRITES, NAN_REWRITES, ARITH_REWRITES, {
     aten.atan2.default: (lambda *a, **k: True, _atan2),
-    aten.neg.default: (lambda x: _is_signed_int(x.dtype), _int_negate),
-    aten.div.Tensor_mode: (_is_floor, _first_of(_floor_divide, _float_floor_divide)),
-    aten.div.Scalar_mode: (_is_floor, _first_of(_floor_divide, _float_floor_divide)),
-    aten.fmod.Tensor: (_has_tensor, _first_of(
-        _int_fmod, _binary_in_f32(aten.fmod.Tensor), _float_fmod)),
-    aten.fmod.Scalar: (_has_tensor, _first_of(
-        _int_fmod, _binary_in_f32(aten.fmod.Tensor), _float_fmod)),
-    aten.remainder.Tensor: (_is_float_result, _first_of(_binary_in_f32(aten.remainder.Tensor), _float_remainder)),
-    aten.remainder.Scalar: (_is_float_result, _first_of(_binary_in_f32(aten.remainder.Tensor), _float_remainder)),
-    aten.pow.Tensor_Scalar: (_negative_whole_exponent, _pow_negative_integer),
     aten.sum.dim_IntList: (_is_full, _first_of(
         _accumulate_in_f32(aten.sum.dim_IntList), _two_stage_reduction(aten.sum.dim_IntList))),
     aten.sum.default: (_is_full, _first_of(
@@ -661,12 +449,6 @@ _REWRITES = _merged(F64_REWRITES, NAN_REWRITES, {
     aten._log_softmax.default: (_is_0d, _over_a_vector(aten._log_softmax.default, 1)),
     aten._softmax_backward_data.default: (_is_0d, _over_a_vector(aten._softmax_backward_data.default, 2)),
     aten._log_softmax_backward_data.default: (_is_0d, _over_a_vector(aten._log_softmax_backward_data.default, 2)),
-}, {op: (_shift_out_of_range, _shift_by_number(op, right)) for op, right in (
-    (aten.__rshift__.Scalar, True), (aten.bitwise_right_shift.Tensor_Scalar, True), (aten.bitwise_right_shift.Tensor, True),
-    (aten.__lshift__.Scalar, False), (aten.bitwise_left_shift.Tensor_Scalar, False), (aten.bitwise_left_shift.Tensor, False),
-)}, {  # a second entry for the divisions above: _merged tries both
-    aten.div.Tensor_mode: (_is_int_trunc, _int_trunc_divide),
-    aten.div.Scalar_mode: (_is_int_trunc, _int_trunc_divide),
 }, {op: (_negative_dim, _positive_dim(op)) for op in (
     aten.scatter.src, aten.scatter.value, aten.scatter.reduce, aten.scatter.value_reduce, aten.scatter_add.default,
     aten.scatter_reduce.two, aten.index_add.default, aten.index_copy.default, aten.gather.default)})

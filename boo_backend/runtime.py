@@ -108,11 +108,16 @@ class _Loaded:
             raise BooRuntimeError(f"boo: compiled module of graph {graph} has no function {name!r}")
         self.queue = queue
 
-    def run(self, passed: list, num_results: int, sync: bool, spans=None) -> list[torch.Tensor]:
-        """`spans`: memory.spans(passed), where the caller has it already."""
-        args = _arguments(self.device, passed)
+    def run(self, passed: list, num_results: int, sync: bool, spans=None,
+            whole=frozenset()) -> list[torch.Tensor]:
+        """`spans`: memory.spans(passed), where the caller has it already. `whole`: positions
+        of arguments (copies) IREE may overwrite in full (see IreeFunction._overwritten)."""
+        if self.queue is not None and self.queue.dl_device != gpu.DLPACK_CPU:
+            whole = ()
+        args = _arguments(self.device, passed, whole)
         if self.queue is not None:
-            return self.queue.export(self.queue.invoke(self.context, self.function, args, num_results, sync))
+            return self._kept(self.queue.export(self.queue.invoke(self.context, self.function, args, num_results, sync)),
+                              passed, whole)
         storage = self._placed_storage(args) if self._storage else ()
         results = rt.VmVariantList(num_results - len(storage))
         self.context.invoke(self.function, args, results)
@@ -120,12 +125,21 @@ class _Loaded:
                for i in range(len(results))]
         if self.pooled and out:
             out = memory.out_of_pool(out, memory.spans(passed) if spans is None else spans)
+        out = self._kept(out, passed, whole)
         if not storage:
             return out
         if not out:
             return storage
         made, placed = iter(out), iter(storage)
         return [next(placed) if j in self._placed_at else next(made) for j in range(num_results)]
+
+    @staticmethod
+    def _kept(out: list[torch.Tensor], passed: list, whole) -> list[torch.Tensor]:
+        """A result IREE wrote into an argument imported as host memory (`whole`) does not keep
+        that memory alive once exported: such results are copied while it still is."""
+        if not whole or not out:
+            return out
+        return memory.unalias(out, memory.spans([t if i in whole else None for i, t in enumerate(passed)]))
 
     def _placed_storage(self, args: rt.VmVariantList) -> list[torch.Tensor]:
         """Fresh storage for each placed result (from pool.RESULTS), pushed onto `args` as a
@@ -257,9 +271,31 @@ class IreeFunction:
                 for i in shared:
                     passed[i] = _importable(passed[i], True, device)
                 spans = memory.spans(passed)
-        if not self._checked or self.driver is None:  # the first call checks and chooses
-            return self._first_call(tensors, passed, spans, num_results)
-        return self._invoke(tensors, passed, spans, num_results, donated)
+        try:
+            if not self._checked or self.driver is None:  # the first call checks and chooses
+                return self._first_call(tensors, passed, spans, num_results)
+            return self._invoke(tensors, passed, spans, num_results, donated)
+        except BooRuntimeError as e:
+            if self._gpu or "DISCARD_WRITE" not in str(e.__cause__):
+                raise
+            return self._overwritten(tensors, num_results, e)
+
+    def _overwritten(self, tensors, num_results, error):
+        """IREE overwrites some argument in full (with dynamic shapes, `x[1:].fill_(7)` fills
+        x's own buffer), which a DLPack import does not allow. Run once more on copies of the
+        arguments not yet passed as copies, imported so that IREE may overwrite them; those
+        it changed (or all of them, where it changed none: a fill may leave the same bits)
+        are passed so from now on, and the call is made again."""
+        fresh = {i for i, t in enumerate(tensors) if isinstance(t, torch.Tensor) and t.numel()} - self.writes
+        if not fresh:
+            raise error
+        passed = [_importable(t, i in fresh) for i, t in enumerate(tensors)]
+        self._current.run(passed, num_results, self.sync, whole=self.writes | fresh)
+        changed = {i for i in fresh if not memory.same_bits(passed[i], tensors[i])}
+        log.debug("boo: IREE overwrites arguments %s of graph %s; passing copies from now on",
+                  sorted(changed or fresh), self.graph)
+        self.writes |= changed or fresh
+        return self(tensors, num_results)
 
     def _first_call(self, tensors, passed, spans, num_results):
         start = time.perf_counter()
@@ -306,29 +342,31 @@ class IreeFunction:
             self._decide(default, f"its first call took {first * 1e3:.0f} ms")
             return
         passed = [_importable(t, copy=True) for t in passed]
+        copies = frozenset(range(len(passed)))  # IREE may overwrite any of them
         times: dict[str, float] = {}
         with self._lock:
-            if ATEN in self.drivers and not self._aten_agrees(passed, num_results):
+            if ATEN in self.drivers and not self._aten_agrees(passed, num_results, copies):
                 self.drivers = tuple(d for d in self.drivers if d != ATEN)
             for driver in self.drivers:
                 loaded = self._load(driver)
-                self._timed_invoke(loaded, passed, num_results)  # warm-up
+                self._timed_invoke(loaded, passed, num_results, copies)  # warm-up
             for _ in range(2):
                 for _ in range(_ROUNDS * self.measure_scale):
                     for driver in self.drivers:
-                        t = self._timed_invoke(self._loaded[driver], passed, num_results)
+                        t = self._timed_invoke(self._loaded[driver], passed, num_results, copies)
                         times[driver] = min(times.get(driver, t), t)
                 best = min(times, key=lambda d: times[d] * _IN_USE.get(d, 1.0))
                 if best == default:
                     break
         self._decide(best, ", ".join(f"{d} {t * 1e6:.0f} us" for d, t in times.items()))
 
-    def _aten_agrees(self, passed: list, num_results: int) -> bool:
+    def _aten_agrees(self, passed: list, num_results: int, copies: frozenset[int]) -> bool:
         """Whether the part's graph in ATen gives what IREE gives on these arguments (see
         OnAten.disagreement). Else, or if ATen fails, it is not offered."""
         # IREE writes into its `writes` arguments: those get copies, so ATen reads the originals.
         ours = self._load(self.target.driver).run(
-            [_importable(t, copy=True) if i in self.writes else t for i, t in enumerate(passed)], num_results, self.sync)
+            [_importable(t, copy=True) if i in self.writes else t for i, t in enumerate(passed)], num_results, self.sync,
+            whole=copies)
         try:
             wrong = self._loaded[ATEN].disagreement(passed, ours)
         except Exception as e:
@@ -337,10 +375,10 @@ class IreeFunction:
             log.debug("boo %s: its graph in ATen does not give IREE's results (%s); it stays in IREE", self.graph, wrong)
         return not wrong
 
-    def _timed_invoke(self, loaded: _Loaded, passed, num_results) -> float:
+    def _timed_invoke(self, loaded: _Loaded, passed, num_results, copies) -> float:
         _after_torch_work()
         start = time.perf_counter()
-        loaded.run(passed, num_results, self.sync)
+        loaded.run(passed, num_results, self.sync, whole=copies)
         return time.perf_counter() - start
 
     def _decide(self, driver: str, why: str) -> None:
@@ -354,7 +392,7 @@ class IreeFunction:
         try:
             with self._lock, _labelled(self.graph):
                 loaded = self._on_gpu(passed) if self._gpu else self._current
-                out = loaded.run(passed, num_results, self.sync, spans)
+                out = loaded.run(passed, num_results, self.sync, spans, self.writes if not self._gpu else ())
         except gpu.BooDeviceError:
             raise
         except Exception as e:  # IREE reports its runtime errors as IndexError/RuntimeError
@@ -387,7 +425,7 @@ class OnAten:
         self._run = run
         self.disagreement = disagreement
 
-    def run(self, passed: list, num_results: int, sync: bool, spans=None) -> list[torch.Tensor]:
+    def run(self, passed: list, num_results: int, sync: bool, spans=None, whole=()) -> list[torch.Tensor]:
         out = self._run(passed)
         out = list(out) if isinstance(out, (tuple, list)) else [out]
         storages: set[int] = set()
@@ -412,14 +450,21 @@ def _labelled(graph: str):
     return contextlib.nullcontext()
 
 
-def _arguments(device: rt.HalDevice, passed: list[torch.Tensor]) -> rt.VmVariantList:
+def _arguments(device: rt.HalDevice, passed: list[torch.Tensor], whole=()) -> rt.VmVariantList:
     """The call's argument list: each tensor imported zero-copy through DLPack, each size as
     an i64 (a float of sizes as an f64), and room for the two fences of a fenced module.
+    A host tensor at a position in `whole` is imported as memory IREE may overwrite in full
+    (a DLPack import allows READ|WRITE only; see _STORAGE_USAGE).
     (IREE 3.13's VmVariantList cannot be cleared, so one is built per call.)"""
     args = rt.VmVariantList(len(passed) + 2)
-    for t in passed:
+    for i, t in enumerate(passed):
         if isinstance(t, torch.Tensor):
-            args.push_ref(gpu.import_tensor(device, t).ref)
+            view = gpu.import_tensor(device, t)
+            bits = memory.SAME_SIZE_INT.get(t.element_size())
+            if i in whole and t.numel() and bits is not None and not t.is_cuda:
+                buffer = device.allocator.import_host_allocation(t.view(bits).numpy(), _STORAGE_MEMORY, _STORAGE_USAGE)
+                view = rt.HalBufferView(buffer, list(t.shape), view.element_type)
+            args.push_ref(view.ref)
         elif isinstance(t, float):
             args.push_float(t)
         else:

@@ -659,8 +659,8 @@ def _aten_measured_faster(monkeypatch):
 
     original = IreeFunction._timed_invoke
 
-    def timed(self, loaded, passed, num_results):
-        original(self, loaded, passed, num_results)
+    def timed(self, loaded, passed, num_results, copies):
+        original(self, loaded, passed, num_results, copies)
         return 1e-5 if isinstance(loaded, runtime.OnAten) else 1e-3
 
     monkeypatch.setattr(IreeFunction, "_timed_invoke", timed)

@@ -1,0 +1,156 @@
+"""Index bounds: eager raises on an index out of range; IREE reads or writes past the tensor.
+
+Imports nothing else from boo_backend.
+
+`x[i]`, `index_select`, `gather`, `embedding`, `scatter` and their kin check every index on
+the host in eager (IndexError or RuntimeError); IREE's gather and scatter kernels take the
+index as it is, so a token id past the vocabulary read another tensor's memory, or zeros,
+and `x.index_select(0, ids)` with one id too large summed to 13951 where every value was
+below 4. `checked` adds to a graph that IREE runs one more result: a 0-d bool, true when some
+index is out of range, built from each index tensor's min and max (two small reductions),
+and clamps each index into range, so that the op itself stays inside its tensors (a scatter
+past the end aborted the process). The part raises when the flag comes back true
+(`raise_if_out_of_range`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import operator
+
+import torch
+import torch.fx as fx
+from torch._guards import detect_fake_mode
+
+aten = torch.ops.aten
+
+# Ops whose index tensor must lie in [0, n): the position of the indexed tensor, of the
+# index, and of the dim (None: dim 0).
+_NON_NEGATIVE = {
+    aten.index_select.default: (0, 2, 1),
+    aten.gather.default: (0, 2, 1),
+    aten.embedding.default: (0, 1, None),
+    aten.scatter.src: (0, 2, 1),
+    aten.scatter.value: (0, 2, 1),
+    aten.scatter.reduce: (0, 2, 1),
+    aten.scatter.value_reduce: (0, 2, 1),
+    aten.scatter_add.default: (0, 2, 1),
+    aten.scatter_reduce.two: (0, 2, 1),
+    aten.index_add.default: (0, 2, 1),
+    aten.index_copy.default: (0, 2, 1),
+}
+# Ops whose index tensor may count from the end as well, in [-n, n).
+_FROM_EITHER_END = {
+    aten.index_fill.int_Scalar: (0, 2, 1),
+    aten.index_fill.int_Tensor: (0, 2, 1),
+}
+# Ops that take a list of index tensors (None for a dim taken whole), one per dim from dim 0,
+# a bool mask taking as many dims as it has; whether an index may count from the end. An
+# index_put's indices have been wrapped by then (rewrites._index_put_wrapped: i + n where
+# i < 0), so they must lie in [0, n); index_add, index_copy and index_fill come here as
+# index_put too.
+_INDEX_LISTS = {aten.index.Tensor: True, aten.index_put.default: False}
+
+
+def _value(node):
+    return node.meta.get("val") if isinstance(node, fx.Node) else node
+
+
+def _indices(node: fx.Node):
+    """(indexed tensor node, dim, where the index is, negatives allowed) for each index of
+    `node`; where: (argument position, position in its list or None)."""
+    target = node.target
+    if target in _INDEX_LISTS:
+        dim = 0
+        for k, index in enumerate(node.args[1]):
+            val = _value(index)
+            if val is None:
+                dim += 1
+            elif val.dtype in (torch.bool, torch.uint8):
+                dim += val.dim()
+            else:
+                yield node.args[0], dim, (1, k), _INDEX_LISTS[target]
+                dim += 1
+        return
+    spec = _NON_NEGATIVE.get(target) or _FROM_EITHER_END.get(target)
+    if spec is not None and len(node.args) > spec[1]:
+        source, index, dim = spec
+        yield node.args[source], node.args[dim] if dim is not None else 0, (index, None), target in _FROM_EITHER_END
+
+
+def _add(graph: fx.Graph, op, *args) -> fx.Node:
+    """A node of `op` on `args`, with its value computed on theirs (fake tensors: no data)."""
+    node = graph.call_function(op, args)
+    vals = [_value(a) for a in args]
+    mode = detect_fake_mode([v for v in vals if isinstance(v, torch.Tensor)])
+    with mode if mode is not None else contextlib.nullcontext():
+        node.meta["val"] = op(*vals)
+    return node
+
+
+def _guarded(graph: fx.Graph, source: fx.Node, dim: int, index: fx.Node, negatives: bool):
+    """(flag, index clamped into range), nodes added before the op that takes `index`; None
+    for an index that needs no check."""
+    val, indexed = _value(index), _value(source)
+    if not isinstance(val, torch.Tensor) or val.dtype.is_floating_point or val.dtype == torch.bool:
+        return None
+    if isinstance(val.numel(), int) and val.numel() == 0:
+        return None  # nothing to check; and ATen's min and max refuse an empty tensor
+    dim = dim % max(indexed.dim(), 1)
+    n = indexed.shape[dim] if indexed.dim() else 1
+    if isinstance(n, int) and n == 0:
+        return None
+    if not isinstance(n, int):
+        n = _add(graph, aten.sym_size.int, source, dim)
+    too_high = _add(graph, aten.ge.Scalar, _add(graph, aten.max.default, index), n)
+    low = _add(graph, aten.min.default, index)
+    # ~i == -1 - i, so ~i >= n is i < -n: an index from the end that is out of range.
+    too_low = (_add(graph, aten.ge.Scalar, _add(graph, aten.bitwise_not.default, low), n) if negatives
+               else _add(graph, aten.lt.Scalar, low, 0))
+    flag = _add(graph, aten.logical_or.default, too_high, too_low)
+    # The op then reads and writes inside the tensor whatever the index holds: the call
+    # raises anyway when the flag is set, and must not crash or corrupt memory first.
+    lowest = (-n if isinstance(n, int) else _add(graph, operator.neg, n)) if negatives else 0
+    highest = n - 1 if isinstance(n, int) else _add(graph, operator.sub, n, 1)
+    clamped = _add(graph, aten.clamp.default, index, lowest, highest)
+    if negatives:  # and counted from the start: torch-mlir's scatter takes -1 as an offset
+        clamped = _add(graph, aten.where.self, _add(graph, aten.lt.Scalar, clamped, 0),
+                       _add(graph, aten.add.Scalar, clamped, n), clamped)
+    if val.dtype != torch.int64:  # torch-mlir lowers index.Tensor with int64 indices only
+        clamped = _add(graph, aten._to_copy.default, clamped)
+        clamped.kwargs = {"dtype": torch.int64}
+        clamped.meta["val"] = clamped.meta["val"].to(torch.int64)
+    return flag, clamped
+
+
+def checked(graph: fx.Graph) -> fx.Node | None:
+    """Guards every index that `graph` takes (before its output node is made): each is
+    clamped into range, and the 0-d bool node returned is true where one was out of range;
+    None when the graph takes no index."""
+    flags = []
+    for node in list(graph.nodes):
+        if node.op != "call_function":
+            continue
+        for source, dim, (position, k), negatives in list(_indices(node)):
+            index = node.args[position] if k is None else node.args[position][k]
+            with graph.inserting_before(node):
+                guarded = _guarded(graph, source, dim, index, negatives)
+            if guarded is None:
+                continue
+            flags.append(guarded[0])
+            if k is None:
+                node.update_arg(position, guarded[1])
+            else:
+                node.update_arg(position, [guarded[1] if j == k else i for j, i in enumerate(node.args[position])])
+    if not flags:
+        return None
+    any_bad = flags[0]
+    for flag in flags[1:]:
+        any_bad = _add(graph, aten.logical_or.default, any_bad, flag)
+    return any_bad
+
+
+def raise_if_out_of_range(flag: torch.Tensor, graph: str) -> None:
+    if flag.item():
+        raise IndexError(f"boo: graph {graph} indexes out of range (an index tensor holds a value past the "
+                         "size of the dim it indexes, as eager PyTorch would report)")
