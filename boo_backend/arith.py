@@ -23,14 +23,23 @@ def _has_tensor(a, b) -> bool:
     return isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor)
 
 
+def _nonzero(b, zero=None):
+    """The divisor `b` with 1 where it is 0 (or where `zero`, a mask that includes b == 0),
+    so that no division traps; and the call raises as eager does (RuntimeError:
+    ZeroDivisionError) where one was 0 (checks.py turns the assert into a flag the part reads)."""
+    is_zero = aten.eq.Scalar(b, 0)
+    aten._assert_async.msg(aten.logical_not.default(aten.any.default(is_zero)), "ZeroDivisionError")
+    return aten.where.self(is_zero if zero is None else zero, aten.ones_like.default(b), b)
+
+
 def _floor_divide(a, b, *, rounding_mode=None):
     """Integer floor division from truncating division, which IREE computes exactly;
     torch-mlir's floor lowering goes through f64 and is wrong beyond 2^53. A zero divisor
-    (an error in eager) gives 0 instead of a hardware trap."""
+    raises, as in eager (it gave 0)."""
     if rounding_mode != "floor" or not _is_int(a, b):
         return NotImplemented
     a, b, dtype = _as_tensors(a, b)
-    safe = aten.where.self(aten.eq.Scalar(b, 0), aten.ones_like.default(b), b)
+    safe = _nonzero(b)
     q = aten.div.Tensor_mode(a, safe, rounding_mode="trunc")
     r = aten.sub.Tensor(a, aten.mul.Tensor(q, safe))
     fix = aten.logical_and.default(aten.ne.Scalar(r, 0), aten.ne.Tensor(aten.lt.Scalar(r, 0), aten.lt.Scalar(safe, 0)))
@@ -44,12 +53,12 @@ def _is_signed_int(dtype) -> bool:
 def _int_trunc_divide(a, b, *, rounding_mode=None):
     """Integer truncating division without the divisors a CPU's division traps on: INT_MIN
     divided by -1 (eager wraps it to INT_MIN) killed the process with SIGFPE. A zero divisor
-    (an error in eager) gives the dividend."""
+    raises, as in eager (it gave the dividend)."""
     if not _is_int_trunc(a, b, rounding_mode=rounding_mode) or _nested(aten.div.Tensor_mode):
         return NotImplemented
     a, b, _ = _as_tensors(a, b)
     minus_one = aten.eq.Scalar(b, -1)
-    safe = aten.where.self(aten.logical_or.default(aten.eq.Scalar(b, 0), minus_one), aten.ones_like.default(b), b)
+    safe = _nonzero(b, aten.logical_or.default(aten.eq.Scalar(b, 0), minus_one))
     q = _inner(aten.div.Tensor_mode, a, safe, rounding_mode="trunc")
     return aten.where.self(minus_one, aten.neg.default(a), q)
 
@@ -167,12 +176,24 @@ def _int_scatter_mean(x, dim, index, src, reduce, *, include_self=True):
 
 
 def _int_fmod(a, b):
-    """Integer fmod (the remainder of truncating division), which torch-mlir cannot lower."""
+    """Integer fmod (the remainder of truncating division), which torch-mlir cannot lower.
+    A zero divisor raises, as in eager."""
     if not _is_int(a, b):
         return NotImplemented
     a, b, _ = _as_tensors(a, b)
-    safe = aten.where.self(aten.eq.Scalar(b, 0), aten.ones_like.default(b), b)
+    safe = _nonzero(b)
     return aten.sub.Tensor(a, aten.mul.Tensor(aten.div.Tensor_mode(a, safe, rounding_mode="trunc"), safe))
+
+
+def _int_remainder(a, b):
+    """Integer remainder (Python's: the divisor's sign) from fmod, so that a zero divisor
+    raises as in eager (torch-mlir's remainder gave the dividend, or 0)."""
+    if not _is_int(a, b):
+        return NotImplemented
+    a, b, _ = _as_tensors(a, b)
+    r = _int_fmod(a, b)
+    moves = aten.logical_and.default(aten.ne.Scalar(r, 0), aten.ne.Tensor(aten.lt.Scalar(r, 0), aten.lt.Scalar(b, 0)))
+    return aten.where.self(moves, aten.add.Tensor(r, b), r)
 
 
 def _binary_in_f32(op):
@@ -189,10 +210,6 @@ def _binary_in_f32(op):
         return aten._to_copy.default(op(*wide), dtype=dtype)
 
     return rewrite
-
-
-def _is_float_result(a, b, *args, **kwargs) -> bool:
-    return _has_tensor(a, b) and torch.result_type(a, b).is_floating_point
 
 
 def _is_int(a, b, **kwargs) -> bool:
@@ -235,7 +252,7 @@ ARITH_REWRITES = {
        for op in (aten.div.Tensor_mode, aten.div.Scalar_mode)},
     **{op: (_has_tensor, _first_of(_int_fmod, _binary_in_f32(aten.fmod.Tensor), _float_fmod))
        for op in (aten.fmod.Tensor, aten.fmod.Scalar)},
-    **{op: (_is_float_result, _first_of(_binary_in_f32(aten.remainder.Tensor), _float_remainder))
+    **{op: (_has_tensor, _first_of(_int_remainder, _binary_in_f32(aten.remainder.Tensor), _float_remainder))
        for op in (aten.remainder.Tensor, aten.remainder.Scalar)},
     aten.pow.Tensor_Scalar: (_negative_whole_exponent, _pow_negative_integer),
     **{op: (_shift_out_of_range, _shift_by_number(op, right)) for op, right in (

@@ -1,6 +1,6 @@
 """FX -> torch-mlir: cut a graph down to what IREE computes, then import it as torch dialect.
 
-Imports bounds, symbolic, torch_import (the import itself) and config from boo_backend.
+Imports checks, symbolic, torch_import (the import itself) and config from boo_backend.
 
 An AOTAutograd graph returns more than computed tensors: its own inputs (aliases), `None`
 gradients, plain numbers, constants. IREE only sees the *core*: tensor inputs that some
@@ -20,7 +20,7 @@ import torch
 import torch.fx as fx
 from torch.fx.passes.shape_prop import _extract_tensor_metadata
 
-from . import bounds, symbolic, torch_import
+from . import checks, symbolic, torch_import
 from .config import BooError
 
 log = logging.getLogger("boo_backend")
@@ -63,11 +63,12 @@ class Lowered:
     placed: tuple[int, ...] = ()
     # The core pickled, as the compile cache keeps it: `graph()` unpickles it on first use.
     graph_blob: bytes | None = None
-    # The last IREE result is a 0-d bool: an index of the graph is out of range (bounds.py).
-    bounds: bool = False
+    # The last IREE results are 0-d bools, one per check (an index out of range, a division
+    # by zero): the keys of checks.RAISES, in order.
+    checks: tuple[str, ...] = ()
 
     _FIELDS = ("mlir", "inputs", "outputs", "result_layouts", "tuple_output", "kernels", "writes",
-               "result_dtypes", "symbols", "placed", "bounds")
+               "result_dtypes", "symbols", "placed", "checks")
 
     def to_bytes(self, extra: dict) -> bytes:
         """For the compile cache (torch.save, loadable with weights_only=True): the fields,
@@ -325,9 +326,8 @@ def build_core(gm: fx.GraphModule, sizes_from_shapes: bool = False) -> tuple[fx.
                 outputs.append(("permuted", (made[value], tuple(_inverse(order)))))
         else:
             outputs.append(("value", value))
-    flag = bounds.checked(graph)
-    if flag is not None:  # the last result: whether an index is out of range
-        flag.meta["bounds"] = True
+    for flag, kind in checks.checked(graph):  # the last results: whether each check failed
+        flag.meta["check"] = kind
         results.append(flag)
         result_layouts.append(_layout(flag.meta["val"]))
     graph.output(tuple(results))
@@ -421,5 +421,5 @@ def lower(gm: fx.GraphModule, sizes_from_shapes: bool = False) -> Lowered:
     out = next(n for n in core.graph.nodes if n.op == "output").args[0]
     dtypes = [str(r.meta["val"].dtype).removeprefix("torch.") for r in out]
     return Lowered(text, core, inputs, outputs, layouts, tuple_output, kernels, written_inputs(core), dtypes,
-                   symbols, bounds=bool(out) and bool(out[-1].meta.get("bounds")))
+                   symbols, checks=tuple(r.meta["check"] for r in out if "check" in r.meta))
 

@@ -1,7 +1,7 @@
 """One IREE part of a graph: a lowered graph with its compiled module, mapping the graph's
 inputs to IREE's arguments and IREE's results back to the graph's outputs, in eager's layout.
 
-Imports lower, runtime, memory and partition (for the ATen kernels' ops) from boo_backend.
+Imports checks, lower, runtime, memory and partition (for the ATen kernels' ops) from boo_backend.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import torch
 import torch.fx as fx
 
 from . import memory, symbolic
-from .bounds import raise_if_out_of_range
+from .checks import raise_if_failed
 from .lower import Lowered, arguments, output_texts
 from .partition import ATEN_MEASURED
 from .runtime import IreeFunction
@@ -129,8 +129,8 @@ class IreePart(torch.nn.Module):
             inputs = self._inputs_for(args) if self._consts_moved else low.inputs
             tensors = arguments(inputs, args, sizes)
             results = self.function(tensors, len(low.result_layouts), donated)
-            if low.bounds:
-                raise_if_out_of_range(results[-1], self.function.graph)
+            if low.checks:
+                raise_if_failed(results[len(results) - len(low.checks):], low.checks, self.function.graph)
             for j, dtype in self.retype:
                 results[j] = results[j].view(dtype)
             for j, shape, stride in (*self.restride, *restride):

@@ -552,6 +552,42 @@ def test_integer_edge_cases_as_eager(name, dtype, dynamic, monkeypatch):
     assert boo_backend.placements() and all(p.island == 0 for p in boo_backend.placements())
 
 
+_INT_DIVISIONS = {
+    "floor_divide": lambda a, b: a // b,
+    "trunc_divide": lambda a, b: torch.div(a, b, rounding_mode="trunc"),
+    "remainder": lambda a, b: a % b,
+    "fmod": lambda a, b: torch.fmod(a, b),
+    "remainder_in_place": lambda a, b: a.clone().remainder_(b) * 2,
+}
+
+
+@pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
+@pytest.mark.parametrize("name", list(_INT_DIVISIONS))
+def test_integer_division_by_zero_raises_as_eager(name, dynamic, monkeypatch):
+    """Eager raises RuntimeError (ZeroDivisionError) for an integer divided by zero; boo gave
+    the dividend, or 0 (arith._nonzero: an assert that checks.py makes a flag). Not strict,
+    as above: the default mode's ATen run must not trap either."""
+    monkeypatch.setenv("BOO_STRICT", "0")
+    warnings.simplefilter("error", boo_backend.BooFallbackWarning)
+    fn = _INT_DIVISIONS[name]
+    run = _checked_here(fn, dynamic, monkeypatch)
+    for k, n in enumerate((9, 131, 70)):
+        g = torch.Generator().manual_seed(n)
+        a = torch.randint(-2**20, 2**20, (n,), generator=g, dtype=torch.int32 if k % 2 else torch.int64)
+        b = torch.randint(1, 40, (n,), generator=g, dtype=a.dtype) * (torch.randint(0, 2, (n,), generator=g) * 2 - 1)
+        if k == 1:
+            b[n // 2] = 0
+            for call in (fn, run):
+                with pytest.raises(RuntimeError, match="ZeroDivisionError"):
+                    call(a, b)
+        else:
+            ours, theirs = run(a, b), fn(a, b)
+            assert ours.dtype == theirs.dtype and torch.equal(ours, theirs), f"{name} at {n}: {(ours != theirs).sum()} differ"
+    with pytest.raises(RuntimeError, match="ZeroDivisionError"):
+        _checked_here(lambda a: a // 0 + 1, dynamic, monkeypatch)(torch.arange(-3, 8))
+    assert boo_backend.placements() and all(p.island == 0 for p in boo_backend.placements())
+
+
 def test_large_ints_beside_float_tensors_stay_exact():
     """Int numbers that meet a float tensor are passed as floats (the folds above), but only
     those a float holds exactly: a fill of int64 past 2^53 must not round."""

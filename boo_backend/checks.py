@@ -1,16 +1,20 @@
-"""Index bounds: eager raises on an index out of range; IREE reads or writes past the tensor.
+"""Checks that eager makes on the host and IREE cannot: an index out of range, an integer
+division by zero. Each becomes one more result of the module, a 0-d bool, and the part
+raises as eager would when it comes back true (`raise_if_failed`).
 
 Imports nothing else from boo_backend.
 
-`x[i]`, `index_select`, `gather`, `embedding`, `scatter` and their kin check every index on
-the host in eager (IndexError or RuntimeError); IREE's gather and scatter kernels take the
+Indices. `x[i]`, `index_select`, `gather`, `embedding`, `scatter` and their kin check every
+index in eager (IndexError or RuntimeError); IREE's gather and scatter kernels take the
 index as it is, so a token id past the vocabulary read another tensor's memory, or zeros,
 and `x.index_select(0, ids)` with one id too large summed to 13951 where every value was
-below 4. `checked` adds to a graph that IREE runs one more result: a 0-d bool, true when some
-index is out of range, built from each index tensor's min and max (two small reductions),
-and clamps each index into range, so that the op itself stays inside its tensors (a scatter
-past the end aborted the process). The part raises when the flag comes back true
-(`raise_if_out_of_range`).
+below 4. `checked` flags an index out of range from each index tensor's min and max (two
+small reductions) and clamps each index into range, so that the op itself stays inside its
+tensors (a scatter past the end aborted the process).
+
+Asserts. A rewrite that must refuse what eager refuses (arith.py: an integer divided by
+zero, which gave the dividend) calls `aten._assert_async.msg(ok, kind)`, `kind` a key of
+RAISES; `checked` turns each into a flag of `not ok`.
 """
 
 from __future__ import annotations
@@ -123,13 +127,25 @@ def _guarded(graph: fx.Graph, source: fx.Node, dim: int, index: fx.Node, negativ
     return flag, clamped
 
 
-def checked(graph: fx.Graph) -> fx.Node | None:
-    """Guards every index that `graph` takes (before its output node is made): each is
-    clamped into range, and the 0-d bool node returned is true where one was out of range;
-    None when the graph takes no index."""
-    flags = []
+# What a failed check raises, as eager does: the exception and what it says.
+RAISES = {
+    "index": (IndexError, "index out of range (an index tensor holds a value past the size of the dim it indexes)"),
+    "ZeroDivisionError": (RuntimeError, "ZeroDivisionError: an integer divided by zero"),
+}
+
+
+def checked(graph: fx.Graph) -> list[tuple[fx.Node, str]]:
+    """Guards every index that `graph` takes and turns its asserts into flags (before its
+    output node is made): (0-d bool node, true where the check failed; its key in RAISES),
+    one per kind of check the graph makes."""
+    flags: dict[str, list[fx.Node]] = {}
     for node in list(graph.nodes):
         if node.op != "call_function":
+            continue
+        if node.target is aten._assert_async.msg:
+            with graph.inserting_before(node):
+                flags.setdefault(node.args[1], []).append(_add(graph, aten.logical_not.default, node.args[0]))
+            graph.erase_node(node)
             continue
         for source, dim, (position, k), negatives in list(_indices(node)):
             index = node.args[position] if k is None else node.args[position][k]
@@ -137,20 +153,23 @@ def checked(graph: fx.Graph) -> fx.Node | None:
                 guarded = _guarded(graph, source, dim, index, negatives)
             if guarded is None:
                 continue
-            flags.append(guarded[0])
+            flags.setdefault("index", []).append(guarded[0])
             if k is None:
                 node.update_arg(position, guarded[1])
             else:
                 node.update_arg(position, [guarded[1] if j == k else i for j, i in enumerate(node.args[position])])
-    if not flags:
-        return None
-    any_bad = flags[0]
-    for flag in flags[1:]:
-        any_bad = _add(graph, aten.logical_or.default, any_bad, flag)
-    return any_bad
+    out = []
+    for kind, nodes in flags.items():
+        failed = nodes[0]
+        for flag in nodes[1:]:
+            failed = _add(graph, aten.logical_or.default, failed, flag)
+        out.append((failed, kind))
+    return out
 
 
-def raise_if_out_of_range(flag: torch.Tensor, graph: str) -> None:
-    if flag.item():
-        raise IndexError(f"boo: graph {graph} indexes out of range (an index tensor holds a value past the "
-                         "size of the dim it indexes, as eager PyTorch would report)")
+def raise_if_failed(flags: list[torch.Tensor], kinds: tuple[str, ...], graph: str) -> None:
+    """Raise as eager would where a check's flag (a 0-d bool result) is true."""
+    for flag, kind in zip(flags, kinds):
+        if flag.item():
+            error, what = RAISES.get(kind, (RuntimeError, kind))
+            raise error(f"boo: graph {graph}: {what}, as eager PyTorch reports")
