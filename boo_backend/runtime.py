@@ -136,10 +136,23 @@ class _Loaded:
     @staticmethod
     def _kept(out: list[torch.Tensor], passed: list, whole) -> list[torch.Tensor]:
         """A result IREE wrote into an argument imported as host memory (`whole`) does not keep
-        that memory alive once exported: such results are copied while it still is."""
+        that memory alive once exported: such a result is remade on the argument's storage
+        (a copy made for this call), which does."""
         if not whole or not out:
             return out
-        return memory.unalias(out, memory.spans([t if i in whole else None for i, t in enumerate(passed)]))
+        held = [(t.untyped_storage(), t.untyped_storage().data_ptr(), t.untyped_storage().nbytes())
+                for i, t in enumerate(passed) if i in whole and isinstance(t, torch.Tensor) and t.numel()]
+        for j, r in enumerate(out):
+            p = r.data_ptr()
+            for storage, start, size in held:
+                if r.numel() and start <= p < start + size:
+                    kept = torch.empty(0, dtype=r.dtype)
+                    if (p - start) % r.element_size():
+                        out[j] = memory.dense_copy(r)
+                    else:
+                        out[j] = kept.set_(storage, (p - start) // r.element_size(), r.shape, r.stride())
+                    break
+        return out
 
     def _placed_storage(self, args: rt.VmVariantList) -> list[torch.Tensor]:
         """Fresh storage for each placed result (from pool.RESULTS), pushed onto `args` as a
@@ -392,7 +405,10 @@ class IreeFunction:
         try:
             with self._lock, _labelled(self.graph):
                 loaded = self._on_gpu(passed) if self._gpu else self._current
-                out = loaded.run(passed, num_results, self.sync, spans, self.writes if not self._gpu else ())
+                # Only this call's own copies may be overwritten in full: a donated tensor keeps
+                # its DLPack import, so that results written there stay where they are.
+                copies = () if self._gpu else {i for i in self.writes if passed[i] is not tensors[i]}
+                out = loaded.run(passed, num_results, self.sync, spans, copies)
         except gpu.BooDeviceError:
             raise
         except Exception as e:  # IREE reports its runtime errors as IndexError/RuntimeError
