@@ -82,13 +82,13 @@ def _indices(node: fx.Node):
         yield node.args[source], node.args[dim] if dim is not None else 0, (index, None), target in _FROM_EITHER_END
 
 
-def _add(graph: fx.Graph, op, *args) -> fx.Node:
+def _add(graph: fx.Graph, op, *args, **kwargs) -> fx.Node:
     """A node of `op` on `args`, with its value computed on theirs (fake tensors: no data)."""
-    node = graph.call_function(op, args)
+    node = graph.call_function(op, args, kwargs)
     vals = [_value(a) for a in args]
     mode = detect_fake_mode([v for v in vals if isinstance(v, torch.Tensor)])
     with mode if mode is not None else contextlib.nullcontext():
-        node.meta["val"] = op(*vals)
+        node.meta["val"] = op(*vals, **kwargs)
     return node
 
 
@@ -121,9 +121,7 @@ def _guarded(graph: fx.Graph, source: fx.Node, dim: int, index: fx.Node, negativ
         clamped = _add(graph, aten.where.self, _add(graph, aten.lt.Scalar, clamped, 0),
                        _add(graph, aten.add.Scalar, clamped, n), clamped)
     if val.dtype != torch.int64:  # torch-mlir lowers index.Tensor with int64 indices only
-        clamped = _add(graph, aten._to_copy.default, clamped)
-        clamped.kwargs = {"dtype": torch.int64}
-        clamped.meta["val"] = clamped.meta["val"].to(torch.int64)
+        clamped = _add(graph, aten._to_copy.default, clamped, dtype=torch.int64)
     return flag, clamped
 
 
