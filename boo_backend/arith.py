@@ -23,13 +23,18 @@ def _has_tensor(a, b) -> bool:
     return isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor)
 
 
-def _nonzero(b, zero=None):
+def _nonzero(b, given, zero=None):
     """The divisor `b` with 1 where it is 0 (or where `zero`, a mask that includes b == 0),
     so that no division traps; and the call raises as eager does (RuntimeError:
-    ZeroDivisionError) where one was 0 (checks.py turns the assert into a flag the part reads)."""
+    ZeroDivisionError) where one was 0 (checks.py turns the assert into a flag the part
+    reads), unless the divisor `given` is a number other than 0 or such a divisor already
+    (floor division divides by one through truncating division)."""
     is_zero = aten.eq.Scalar(b, 0)
-    aten._assert_async.msg(aten.logical_not.default(aten.any.default(is_zero)), "ZeroDivisionError")
-    return aten.where.self(is_zero if zero is None else zero, aten.ones_like.default(b), b)
+    if not (type(given) is int and given != 0 or getattr(given, "_boo_nonzero", False)):
+        aten._assert_async.msg(aten.logical_not.default(aten.any.default(is_zero)), "ZeroDivisionError")
+    safe = aten.where.self(is_zero if zero is None else zero, aten.ones_like.default(b), b)
+    safe._boo_nonzero = True
+    return safe
 
 
 def _floor_divide(a, b, *, rounding_mode=None):
@@ -38,8 +43,9 @@ def _floor_divide(a, b, *, rounding_mode=None):
     raises, as in eager (it gave 0)."""
     if rounding_mode != "floor" or not _is_int(a, b):
         return NotImplemented
+    given = b
     a, b, dtype = _as_tensors(a, b)
-    safe = _nonzero(b)
+    safe = _nonzero(b, given)
     q = aten.div.Tensor_mode(a, safe, rounding_mode="trunc")
     r = aten.sub.Tensor(a, aten.mul.Tensor(q, safe))
     fix = aten.logical_and.default(aten.ne.Scalar(r, 0), aten.ne.Tensor(aten.lt.Scalar(r, 0), aten.lt.Scalar(safe, 0)))
@@ -56,9 +62,10 @@ def _int_trunc_divide(a, b, *, rounding_mode=None):
     raises, as in eager (it gave the dividend)."""
     if not _is_int_trunc(a, b, rounding_mode=rounding_mode) or _nested(aten.div.Tensor_mode):
         return NotImplemented
+    given = b
     a, b, _ = _as_tensors(a, b)
     minus_one = aten.eq.Scalar(b, -1)
-    safe = _nonzero(b, aten.logical_or.default(aten.eq.Scalar(b, 0), minus_one))
+    safe = _nonzero(b, given, aten.logical_or.default(aten.eq.Scalar(b, 0), minus_one))
     q = _inner(aten.div.Tensor_mode, a, safe, rounding_mode="trunc")
     return aten.where.self(minus_one, aten.neg.default(a), q)
 
@@ -180,8 +187,9 @@ def _int_fmod(a, b):
     A zero divisor raises, as in eager."""
     if not _is_int(a, b):
         return NotImplemented
+    given = b
     a, b, _ = _as_tensors(a, b)
-    safe = _nonzero(b)
+    safe = _nonzero(b, given)
     return aten.sub.Tensor(a, aten.mul.Tensor(aten.div.Tensor_mode(a, safe, rounding_mode="trunc"), safe))
 
 
