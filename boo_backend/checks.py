@@ -28,25 +28,22 @@ from torch._guards import detect_fake_mode
 
 aten = torch.ops.aten
 
-# Ops whose index tensor must lie in [0, n): the position of the indexed tensor, of the
-# index, and of the dim (None: dim 0).
-_NON_NEGATIVE = {
-    aten.index_select.default: (0, 2, 1),
-    aten.gather.default: (0, 2, 1),
-    aten.embedding.default: (0, 1, None),
-    aten.scatter.src: (0, 2, 1),
-    aten.scatter.value: (0, 2, 1),
-    aten.scatter.reduce: (0, 2, 1),
-    aten.scatter.value_reduce: (0, 2, 1),
-    aten.scatter_add.default: (0, 2, 1),
-    aten.scatter_reduce.two: (0, 2, 1),
-    aten.index_add.default: (0, 2, 1),
-    aten.index_copy.default: (0, 2, 1),
-}
-# Ops whose index tensor may count from the end as well, in [-n, n).
-_FROM_EITHER_END = {
-    aten.index_fill.int_Scalar: (0, 2, 1),
-    aten.index_fill.int_Tensor: (0, 2, 1),
+# Ops that take one index tensor: the position of the indexed tensor, of the index, and of
+# the dim (None: dim 0), and whether an index may count from the end ([-n, n); else [0, n)).
+_ONE_INDEX = {
+    aten.index_select.default: (0, 2, 1, False),
+    aten.gather.default: (0, 2, 1, False),
+    aten.embedding.default: (0, 1, None, False),
+    aten.scatter.src: (0, 2, 1, False),
+    aten.scatter.value: (0, 2, 1, False),
+    aten.scatter.reduce: (0, 2, 1, False),
+    aten.scatter.value_reduce: (0, 2, 1, False),
+    aten.scatter_add.default: (0, 2, 1, False),
+    aten.scatter_reduce.two: (0, 2, 1, False),
+    aten.index_add.default: (0, 2, 1, False),
+    aten.index_copy.default: (0, 2, 1, False),
+    aten.index_fill.int_Scalar: (0, 2, 1, True),
+    aten.index_fill.int_Tensor: (0, 2, 1, True),
 }
 # Ops that take a list of index tensors (None for a dim taken whole), one per dim from dim 0,
 # a bool mask taking as many dims as it has; whether an index may count from the end. An
@@ -76,10 +73,10 @@ def _indices(node: fx.Node):
                 yield node.args[0], dim, (1, k), _INDEX_LISTS[target]
                 dim += 1
         return
-    spec = _NON_NEGATIVE.get(target) or _FROM_EITHER_END.get(target)
+    spec = _ONE_INDEX.get(target)
     if spec is not None and len(node.args) > spec[1]:
-        source, index, dim = spec
-        yield node.args[source], node.args[dim] if dim is not None else 0, (index, None), target in _FROM_EITHER_END
+        source, index, dim, negatives = spec
+        yield node.args[source], node.args[dim] if dim is not None else 0, (index, None), negatives
 
 
 def _add(graph: fx.Graph, op, *args, **kwargs) -> fx.Node:

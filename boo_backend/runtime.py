@@ -476,8 +476,8 @@ def _arguments(device: rt.HalDevice, passed: list[torch.Tensor], whole=()) -> rt
     for i, t in enumerate(passed):
         if isinstance(t, torch.Tensor):
             view = gpu.import_tensor(device, t)
-            bits = memory.SAME_SIZE_INT.get(t.element_size())
-            if i in whole and t.numel() and bits is not None and not t.is_cuda:
+            if whole and i in whole and t.numel() and not t.is_cuda and (
+                    bits := memory.SAME_SIZE_INT.get(t.element_size())) is not None:
                 buffer = device.allocator.import_host_allocation(t.view(bits).numpy(), _STORAGE_MEMORY, _STORAGE_USAGE)
                 view = rt.HalBufferView(buffer, list(t.shape), view.element_type)
             args.push_ref(view.ref)
