@@ -22,6 +22,11 @@ matplotlib: pip install -e '.[bench]') a PNG.
     python bench/scale.py [--models gpt2,llama] [--backends eager,inductor,boo] [--steps 4]
                           [--layers N] [--out bench/scale]
 
+A backend named with `+precompile` (`boo+precompile`, `inductor+precompile`) runs with torch's
+caching precompile (`TORCH_CACHING_PRECOMPILE=1`): the cold process saves what Dynamo traced
+(`torch.compiler.save_cache_artifacts()`, after its timed steps), and the warm process loads it
+instead of tracing.
+
 Run it on a quiet machine: a second process on one of two cores stalls eager's OpenMP
 regions and flatters every compiled backend.
 """
@@ -42,6 +47,7 @@ import time
 
 import torch
 
+PRECOMPILE = "+precompile"
 BACKENDS = {"eager": (None, {}), "inductor": ("inductor", {}), "boo": ("boo", {}),
             "boo-no-blocks": ("boo", {"blocks": False})}
 
@@ -69,7 +75,7 @@ def build(name: str, layers: int | None):
 class Trainer:
     def __init__(self, model, backend: str):
         self.model = model
-        compiler, options = BACKENDS[backend]
+        compiler, options = BACKENDS[backend.removesuffix(PRECOMPILE)]
         self.run = model if compiler is None else torch.compile(model, backend=compiler, options=options or None)
         self.opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
 
@@ -125,12 +131,16 @@ def child(args) -> dict:
             steps.append(trainer.step(tokens)[0])
     out["step_s"] = statistics.median(steps)
     out["peak_rss_mb"] = _peak_rss_mb()
+    if args.phase == "cold" and args.backend.endswith(PRECOMPILE):
+        torch.compiler.save_cache_artifacts()
     return out
 
 
 def _spawn(model, backend, phase, cache, steps, layers) -> dict:
     env = dict(os.environ, BOO_CACHE_DIR=os.path.join(cache, "boo"),
                TORCHINDUCTOR_CACHE_DIR=os.path.join(cache, "inductor"))
+    if backend.endswith(PRECOMPILE):
+        env["TORCH_CACHING_PRECOMPILE"] = "1"
     cmd = [sys.executable, __file__, "--child", "--model", model, "--backend", backend, "--phase", phase,
            "--steps", str(steps)] + (["--layers", str(layers)] if layers else [])
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True)

@@ -24,6 +24,7 @@ Imports cache (the versions), config and partition (is_symbolic) from boo_backen
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import dataclasses
 import functools
 import hashlib
@@ -45,13 +46,19 @@ from .partition import is_symbolic
 # a hit unpickled (kind, graph, whole) -> callable; `whole`: None when the graph is whole, else
 # what loads the graph with its values.
 _REBUILD: list[Callable[[str, fx.GraphModule, Callable[[], fx.GraphModule] | None], Any]] = []
+# The tag of the boo compile now wrapping a function under torch's precompile (set by
+# precompile.py; "" for another backend's compile, None outside one).
+ASKING: contextvars.ContextVar[str | None] = contextvars.ContextVar("boo_precompile_asking", default=None)
+# Set by the backend's module: builds the callable for a graph that torch's precompile loaded,
+# outside any backend call (precompile.py): (kind, graph, options, name, whole) -> callable.
+LOADED: list[Callable[..., Any]] = []
 
 
 class BooGraph(OutputCode):
     """What boo's forward, backward and inference compilers return: the compiled graph (or
     its eager fallback), as AOTAutograd's cache can store it."""
 
-    def __init__(self, kind: str, compiled, gm: fx.GraphModule | None):
+    def __init__(self, kind: str, compiled, gm: fx.GraphModule | None, opts: Options, name: str):
         super().__init__()
         self._boxed_call = True
         self.kind = kind
@@ -59,9 +66,22 @@ class BooGraph(OutputCode):
         self.gm = gm  # None: not storable (an eager fallback)
         self.graph_bytes: bytes | None = None
         self.light_bytes: bytes | None = None  # static shapes: the graph without its values
+        # What rebuilds it where no backend call is under way (torch's precompile), and what
+        # tells a precompiled entry made for other settings (precompile.py).
+        self.opts = opts
+        self.name = name
+        self.tag = tag(opts)
 
     def __call__(self, inputs):
         return self.compiled(inputs)
+
+    def __setstate__(self, state) -> None:
+        # Unpickled or copied: AOTAutograd's cache in boo's backend, or torch's precompile for
+        # a compile that precompile.py knows to be boo's. A precompiled entry read for another
+        # backend (which boo's patches did not see start) fails to load, and that backend traces.
+        if not _REBUILD and not ASKING.get() and torch._dynamo.config.caching_precompile:
+            raise RuntimeError("boo: a graph of boo's in torch's precompile cache, read for another backend")
+        self.__dict__.update(state)
 
     def prepare_for_serialization(self) -> None:
         # Called on a shallow copy, before pickling the entry.
@@ -81,12 +101,14 @@ class BooGraph(OutputCode):
         self.gm = None
 
     def post_compile(self, example_inputs, constants, graph_kwargs) -> None:
-        if not _REBUILD:
-            raise BypassAOTAutogradCache("boo: an entry of boo's loaded outside boo's backend")
         whole = functools.partial(_load, self.graph_bytes)
         with cache.timed("aot_load"):
             gm = _load(self.light_bytes) if self.light_bytes is not None else whole()
-        self.compiled = _REBUILD[-1](self.kind, gm, whole if self.light_bytes is not None else None)
+        whole = whole if self.light_bytes is not None else None
+        if _REBUILD:
+            self.compiled = _REBUILD[-1](self.kind, gm, whole)
+        else:
+            self.compiled = LOADED[0](self.kind, gm, self.opts, self.name, whole)
 
     def set_triton_bundle(self, triton_bundle) -> None:
         pass

@@ -16,7 +16,7 @@ from torch._functorch.aot_autograd import make_boxed_func
 from torch._functorch import config as functorch_config
 from torch._functorch.partitioners import default_partition, min_cut_rematerialization_partition
 
-from . import aot_cache, composites, hops, match, patterns
+from . import aot_cache, composites, hops, match, patterns, precompile
 from .compile import Target, target_for
 from .config import BooError, BooFallbackWarning, BooStrictError, Options
 from .decompositions import eager_indexing
@@ -32,7 +32,10 @@ def boo(gm: fx.GraphModule, example_inputs, options: dict | None = None, **kwarg
     opts = Options.resolve({**(options or {}), **kwargs})
     composites.disabled(opts.force_decompose)  # an unknown composite name fails here, early
     graph_id = next(_graph_ids)
-    gm = patterns.apply(gm, opts.force_decompose, opts.strict)
+    matched = patterns.apply(gm, opts.force_decompose, opts.strict)
+    if matched is not gm and hasattr(gm, "_backend_id"):
+        matched._backend_id = gm._backend_id  # torch's precompile records the graph under it
+    gm = matched
 
     def name_of(kind: str) -> str:
         return f"{kind}_{graph_id:03d}"
@@ -46,8 +49,8 @@ def boo(gm: fx.GraphModule, example_inputs, options: dict | None = None, **kwarg
             if opts.strict:
                 raise BooStrictError(f"boo strict: {kind} graph {name}: {e}") from e
             warnings.warn(f"{e} ({kind} graph {name})", BooFallbackWarning, stacklevel=2)
-            return aot_cache.BooGraph(kind, make_boxed_func(graph.forward), None)
-        return aot_cache.BooGraph(kind, CompiledGraph(graph, kind, opts, name), graph)
+            return aot_cache.BooGraph(kind, make_boxed_func(graph.forward), None, opts, name)
+        return aot_cache.BooGraph(kind, CompiledGraph(graph, kind, opts, name), graph, opts, name)
 
     def compiler(kind: str):
         return aot_cache.compiler(lambda graph, _example_inputs: build(kind, graph))
@@ -62,6 +65,16 @@ def boo(gm: fx.GraphModule, example_inputs, options: dict | None = None, **kwarg
     with (functorch_config.patch(cse=False), _attention_for(target_for(opts.target, example_inputs)),
           eager_indexing(), aot_cache.serving(opts, rebuild)):
         return _aot(opts, compiler)(gm, example_inputs)
+
+
+def _loaded(kind: str, graph: fx.GraphModule, opts: Options, name: str, whole=None):
+    """A graph torch's precompile loaded (no backend call under way): boo's compile cache
+    serves its modules as it would a fresh compile's."""
+    return CompiledGraph(graph, kind, opts, name, whole)
+
+
+aot_cache.LOADED.append(_loaded)
+precompile.install(boo)
 
 
 def _attention_for(target: Target):
