@@ -145,8 +145,12 @@ def _spawn(model, backend, phase, cache, steps, layers) -> dict:
            "--steps", str(steps)] + (["--layers", str(layers)] if layers else [])
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if proc.returncode != 0:
-        raise SystemExit(f"{model} {backend} {phase} failed:\n{proc.stderr[-4000:]}")
+        raise Failed(f"{model} {backend} {phase} failed:\n{proc.stderr[-4000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+class Failed(Exception):
+    """A child process that failed: reported, and the other backends still run."""
 
 
 def _stages(cold: dict) -> dict:
@@ -191,8 +195,14 @@ def main() -> None:
                     row = {"cold_s": 0.0, "warm_s": 0.0, "step_ms": eager["step_s"] * 1e3,
                            "ratio": 1.0, "peak_rss_mb": eager["peak_rss_mb"], "first_s": eager["first_s"]}
                 else:
-                    cold = _spawn(model, backend, "cold", cache, args.steps, args.layers)
-                    warm = _spawn(model, backend, "warm", cache, args.steps, args.layers)
+                    try:
+                        cold = _spawn(model, backend, "cold", cache, args.steps, args.layers)
+                        warm = _spawn(model, backend, "warm", cache, args.steps, args.layers)
+                    except Failed as e:
+                        print(e, flush=True)
+                        rows.append({"model": model, "layers": args.layers or "", "backend": backend,
+                                     "error": str(e).strip().splitlines()[-1][:200]})
+                        continue
                     base = eager["first_s"] if eager else cold["eager_first_s"]
                     row = {"cold_s": cold["first_s"] - cold["eager_first_s"], "warm_s": warm["first_s"] - base,
                            "step_ms": cold["step_s"] * 1e3, "eager_step_ms": cold["eager_step_s"] * 1e3,

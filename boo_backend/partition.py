@@ -27,6 +27,7 @@ from torch.fx.experimental.symbolic_shapes import statically_known_true
 from torch.fx.passes.split_module import split_module
 
 from . import composites, symbolic
+from .arith import _first_of
 from .decompositions import FALLBACK, cast_to, expected_results
 from .rewrites import PRE_LOWERING, needs_pre_lowering
 from .embed import mlir_op_name
@@ -284,7 +285,10 @@ def preparation_table(gm: fx.GraphModule, decompositions: dict, canonical: dict)
     the table to the ops that decompositions emit too, so one trace is enough."""
     table = dict(canonical)
     if any(needs_pre_lowering(n.target, *_values(n)) for n in compute_nodes(gm)):
-        table.update(PRE_LOWERING)
+        # A rewrite that leaves a call alone (NotImplemented) still lets the composite's
+        # canonical form apply to it.
+        table.update({op: _first_of(rewrite, canonical[op]) if op in canonical else rewrite
+                      for op, rewrite in PRE_LOWERING.items()})
     table.update(decompositions)
     return table
 

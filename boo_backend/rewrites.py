@@ -15,7 +15,8 @@ import math
 import sympy
 import torch
 
-from .arith import _HALF, ARITH_REWRITES, _first_of
+from .arith import ARITH_REWRITES, _first_of
+from .halves import HALF_REWRITES, _accumulate_in_f32, _is_half
 from .f64 import F64_REWRITES, _negative
 from .nans import NAN_REWRITES, _inner, _nested
 from .pooling import ceil_mode_avg_pool
@@ -118,22 +119,6 @@ def _float8_cast(x, *args, dtype=None, **kwargs):
     if widen and dtype != torch.float32:
         out = aten._to_copy.default(out, dtype=dtype)
     return out
-
-
-def _accumulate_in_f32(op, has_dtype: bool = True):
-    """`op` (a reduction or scan) on f16/bf16 computed in f32 and rounded once at the end, as
-    eager does on the CPU; in the input's type, a long sum loses its low bits or overflows."""
-
-    def rewrite(x, *args, **kwargs):
-        if x.dtype not in _HALF or kwargs.get("dtype") is not None:
-            return NotImplemented
-        if has_dtype:
-            out = op(x, *args, **{**kwargs, "dtype": torch.float32})
-        else:
-            out = op(aten._to_copy.default(x, dtype=torch.float32), *args, **kwargs)
-        return aten._to_copy.default(out, dtype=x.dtype)
-
-    return rewrite
 
 
 def _index_put_mask(x, indices, values, accumulate=False):
@@ -354,10 +339,6 @@ def _contiguous_slice_scatter(x, src, dim=0, start=None, end=None, step=1):
     return aten.cat.default([p for p in pieces if p.shape[dim] != 0], dim)
 
 
-def _is_half(x, *args, **kwargs) -> bool:
-    return isinstance(x, torch.Tensor) and x.dtype in _HALF and kwargs.get("dtype") is None
-
-
 def _is_full(x, dims=None, *args, **kwargs) -> bool:
     return is_full_reduction(x, dims) or _is_half(x, **kwargs)
 
@@ -413,7 +394,7 @@ def _merged(*tables: dict) -> dict:
 
 # op: (when a call needs the rewrite, the rewrite). Each rewrite also returns NotImplemented
 # for calls it leaves alone, because make_fx applies the whole table once any call needs it.
-_REWRITES = _merged(F64_REWRITES, NAN_REWRITES, ARITH_REWRITES, {
+_REWRITES = _merged(F64_REWRITES, NAN_REWRITES, ARITH_REWRITES, HALF_REWRITES, {
     aten.atan2.default: (lambda *a, **k: True, _atan2),
     aten.sum.dim_IntList: (_is_full, _first_of(
         _accumulate_in_f32(aten.sum.dim_IntList), _two_stage_reduction(aten.sum.dim_IntList))),
@@ -423,10 +404,6 @@ _REWRITES = _merged(F64_REWRITES, NAN_REWRITES, ARITH_REWRITES, {
         _accumulate_in_f32(aten.mean.dim), _two_stage_reduction(aten.mean.dim))),
     aten.mean.default: (_is_full, _first_of(
         _accumulate_in_f32(aten.mean.default), _two_stage_reduction(aten.mean.dim))),
-    aten.linalg_vector_norm.default: (_is_half, _accumulate_in_f32(aten.linalg_vector_norm.default)),
-    aten.prod.default: (_is_half, _accumulate_in_f32(aten.prod.default)),
-    aten.prod.dim_int: (_is_half, _accumulate_in_f32(aten.prod.dim_int)),
-    aten.cumsum.default: (_is_half, _accumulate_in_f32(aten.cumsum.default)),
     aten.var.correction: (lambda *a, **k: _is_half(*a, **k) or _reduces_nothing(*a, **k), _first_of(
         _var_of_nothing(aten.var.correction), _accumulate_in_f32(aten.var.correction, has_dtype=False))),
     aten.std.correction: (_reduces_nothing, _var_of_nothing(aten.std.correction)),
