@@ -149,11 +149,12 @@ def test_an_edited_model_misses(tmp_path):
     _loaded(runs())
 
 
-def test_a_hugging_face_model_given_labels(tmp_path):
-    """GPT-2 given `labels`, compiled directly or inside a training module: its loss goes
-    through a property, its `forward` is decorated and its trace loads `collections` as a
-    global of its own; torch 2.13 alone fails to save such an entry or to load it
-    (precompile.py)."""
+@pytest.mark.parametrize("name", ["gpt2", "llama"])
+def test_a_hugging_face_model_given_labels(name, tmp_path):
+    """GPT-2 and a Llama given `labels`, compiled directly (and GPT-2 inside a training
+    module): the loss goes through a property, `forward` is decorated (the Llama's twice) and
+    the trace loads `collections` as a global of its own; torch 2.13 alone fails to save
+    such an entry or to load it (precompile.py)."""
     pytest.importorskip("transformers")
     script = textwrap.dedent(r"""
         import json, os, sys, torch
@@ -161,11 +162,16 @@ def test_a_hugging_face_model_given_labels(tmp_path):
             import boo_backend.precompile
             boo_backend.precompile._decorated_path = lambda fn: None
         from torch._dynamo.utils import counters
-        from transformers import GPT2Config, GPT2LMHeadModel
+        import transformers as hf
         torch.manual_seed(0)
-        config = GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=97, n_positions=128,
-                            resid_pdrop=0, embd_pdrop=0, attn_pdrop=0, bos_token_id=0, eos_token_id=0)
-        model = GPT2LMHeadModel(config)
+        if os.environ["MODEL"] == "gpt2":
+            model = hf.GPT2LMHeadModel(hf.GPT2Config(
+                n_layer=2, n_embd=64, n_head=4, vocab_size=97, n_positions=128, resid_pdrop=0, embd_pdrop=0,
+                attn_pdrop=0, bos_token_id=0, eos_token_id=0))
+        else:
+            model = hf.LlamaForCausalLM(hf.LlamaConfig(
+                num_hidden_layers=2, hidden_size=64, intermediate_size=96, num_attention_heads=4,
+                num_key_value_heads=2, vocab_size=97, max_position_embeddings=128))
         ids = torch.randint(0, 97, (3, 71), generator=torch.Generator().manual_seed(1))
         class Step(torch.nn.Module):  # a training module around the model, as users write
             def __init__(self, model):
@@ -189,18 +195,21 @@ def test_a_hugging_face_model_given_labels(tmp_path):
     """)
     env = dict(os.environ, BOO_STRICT="1", BOO_CACHE_DIR=str(tmp_path / "boo"), TORCH_CACHING_PRECOMPILE="1")
     outs = []
-    for form, unnamed, torch_dir in (("direct", "", "torch"), ("direct", "", "torch"),
-                                     ("wrapped", "1", "unnamed"), ("wrapped", "", "unnamed")):
+    runs = (("direct", "", "torch"), ("direct", "", "torch"), ("wrapped", "1", "unnamed"), ("wrapped", "", "unnamed"))
+    for form, unnamed, torch_dir in runs if name == "gpt2" else runs[:2]:
         proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=900,
-                              env={**env, "FORM": form, "UNNAMED": unnamed,
+                              env={**env, "MODEL": name, "FORM": form, "UNNAMED": unnamed,
                                    "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / torch_dir)})
         assert proc.returncode == 0, proc.stderr[-4000:]
         outs.append(json.loads(proc.stdout.strip().splitlines()[-1]) | {"log": proc.stderr})
-    cold, warm, unnamed, failed = outs
-    for out in (cold, warm, unnamed):
+    cold, warm = outs[:2]
+    for out in outs[:3]:
         assert "did not load" not in out["log"] and "Failed to" not in out["log"], out["log"][-4000:]
-    assert cold["traced"] >= 2 and cold["diff"] < 1e-5, cold  # a graph break before the loss
+    assert cold["traced"] >= 1 and cold["diff"] < 1e-5, cold
     assert warm["cache"].get("dynamo_cache_hit") == 1 and warm["traced"] == 0 and warm["diff"] < 1e-5, warm
+    if name != "gpt2":
+        return
+    failed = outs[3]
     # An entry saved as torch 2.13 alone saves it (the decorated forward's guards cannot be
     # rebuilt): its install fails part way, what it installed is undone (a function it had
     # reached would call globals no longer there), and the model is traced again and runs right.
