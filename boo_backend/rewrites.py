@@ -1,7 +1,7 @@
 """Pre-lowering rewrites: ATen calls that IREE 3.13 or torch-mlir get wrong, compile forever,
 or crash on, rewritten into ATen calls they get right. Imports only arith (integer and
-float division, remainders, shifts), f64 (float64 math), nans (NaN that torch-mlir's
-lowerings drop), pooling and symbolic, all leaves.
+float division, remainders, shifts), f64 (float64 math), halves (f16/bf16 accumulated in
+f32), nans (NaN that torch-mlir's lowerings drop), pooling and symbolic, all leaves.
 
 Each entry of PRE_LOWERING returns NotImplemented for the calls it leaves alone, because
 make_fx applies the whole table once `needs_pre_lowering` says that some call needs it.
