@@ -176,10 +176,7 @@ def _tag_of(callback, boo_fn) -> str:
 def _property_code(code):
     """(qualified name, path) of a property's getter or setter (Hugging Face's
     `loss_function`), which torch cannot name: a load finds it through the class."""
-    module = sys.modules.get(getattr(inspect.getmodule(code), "__name__", ""))
-    found = module
-    for part in code.co_qualname.split("."):
-        found = getattr(found, part, None)
+    found = _at(sys.modules.get(getattr(inspect.getmodule(code), "__name__", "")), code.co_qualname)
     if not isinstance(found, property):
         return None
     for accessor in ("fget", "fset", "fdel"):
@@ -195,9 +192,7 @@ def _decorated_path(fn):
     module = sys.modules.get(getattr(fn, "__module__", None) or "")
     if module is None or "<locals>" in fn.__qualname__:
         return None
-    found = module
-    for part in fn.__qualname__.split("."):
-        found = getattr(found, part, None)
+    found = _at(module, fn.__qualname__)
     for depth in range(8):
         if found is None:
             return None
@@ -208,12 +203,17 @@ def _decorated_path(fn):
 
 
 def _undecorated(module: str, qualname: str, depth: int):
-    found = importlib.import_module(module)
-    for part in qualname.split("."):
-        found = getattr(found, part)
+    found = _at(importlib.import_module(module), qualname, strict=True)
     for _ in range(depth):
         found = found.__wrapped__
     return found
+
+
+def _at(root, qualname: str, strict: bool = False):
+    """What `qualname` names under `root`; a missing name is None, or raises if `strict`."""
+    for part in qualname.split("."):
+        root = getattr(root, part) if strict else getattr(root, part, None)
+    return root
 
 
 def _boo_graphs(entry):
