@@ -10,6 +10,8 @@ import itertools
 import logging
 import warnings
 
+import torch
+import torch._guards
 import torch.fx as fx
 from torch._dynamo.backends.common import aot_autograd
 from torch._functorch.aot_autograd import make_boxed_func
@@ -53,7 +55,12 @@ def boo(gm: fx.GraphModule, example_inputs, options: dict | None = None, **kwarg
         return aot_cache.BooGraph(kind, CompiledGraph(graph, kind, opts, name), graph, opts, name)
 
     def compiler(kind: str):
-        return aot_cache.compiler(lambda graph, _example_inputs: build(kind, graph))
+        def compile_graph(graph, _example_inputs):
+            if kind == "forward":
+                _no_donated_buffers()
+            return build(kind, graph)
+
+        return aot_cache.compiler(compile_graph)
 
     def rebuild(kind: str, graph: fx.GraphModule, whole=None):
         """A graph AOTAutograd's cache gave back (hops already inlined); `whole` loads it with
@@ -75,6 +82,19 @@ def _loaded(kind: str, graph: fx.GraphModule, opts: Options, name: str, whole=No
 
 aot_cache.LOADED.append(_loaded)
 precompile.install(boo)
+
+
+def _no_donated_buffers() -> None:
+    """Tell AOTAutograd that boo's backward donates none of the tensors the forward saved:
+    it never writes into them (its result pool reuses only storage that nothing else holds).
+    AOTAutograd refuses `backward(retain_graph=True)` for a backward compiled with donated
+    buffers, and boo compiles its backward with its forward (aot_cache.serving), so without
+    this a second backward through the same graph (several losses, a GAN's two steps) failed
+    where eager and Inductor ran it. Called while the forward compiles, after AOTAutograd
+    has listed them; its cache entry keeps the empty list."""
+    meta = getattr(torch._guards.TracingContext.try_get(), "fw_metadata", None)
+    if meta is not None and meta.bw_donated_idxs:
+        meta.bw_donated_idxs.clear()  # the outer and inner metadata share the list
 
 
 def _attention_for(target: Target):

@@ -39,7 +39,8 @@ class Lowered:
     inputs: list[tuple]
     # Per graph output: ("arg", i), ("result", j), ("value", python_value), ("size", text):
     # a SymInt the graph returns, as a symbolic.text expression of its inputs' sizes, or
-    # ("view", (i, shape, stride, offset)): a view of input i (see _view_of_input), or
+    # ("view", (i, shape, stride, offset)): a view of input i (see _view_of_input),
+    # ("alias", (k, shape, stride, offset, dtype)): a view of output k (_views_of_outputs), or
     # ("permuted", (j, order)): result j permuted by `order` (IREE wrote it dense; build_core).
     outputs: list[tuple]
     # Per IREE result: the (shape, stride) the graph says it has; in a graph with dynamic
@@ -140,6 +141,38 @@ def _view_of_input(value: fx.Node, placeholders: list[fx.Node]) -> tuple | None:
             offset = val.storage_offset() - base.storage_offset()
             return (i, tuple(map(_size, val.shape)), tuple(map(_size, val.stride())), _size(offset))
     return None
+
+
+def _views_of_outputs(flat: list, placeholders: list[fx.Node]) -> dict[int, tuple]:
+    """{position: (position of its base, shape, stride, storage offset past the base's)} for
+    the outputs that are views of another output the graph computes (`d, d.view(3, -1),
+    d[0]`, `d.view(torch.int32)`: the last item is the view's dtype where it differs). Such an
+    output is made from its base, so the two share memory as in eager: a write into one shows
+    in the other. AOTAutograd rebuilds these views itself only where a gradient is traced; an
+    inference graph returns them as they come. A view of a tensor that is not returned
+    itself, or of a dtype of another size, is computed as a result of its own."""
+    from torch.multiprocessing.reductions import StorageWeakRef
+
+    def tensor(value):
+        val = value.meta.get("val") if isinstance(value, fx.Node) else None
+        return val if isinstance(val, torch.Tensor) and val.layout == torch.strided else None
+
+    bases = {}
+    for k, value in enumerate(flat):
+        val = tensor(value)
+        if (val is not None and not val._is_view() and value.op != "placeholder"
+                and _view_of_input(value, placeholders) is None):
+            bases.setdefault(StorageWeakRef(val.untyped_storage()), (k, value, val))
+    views = {}
+    for k, value in enumerate(flat):
+        val = tensor(value)
+        base = bases.get(StorageWeakRef(val.untyped_storage())) if val is not None else None
+        if base is None or base[1] is value or base[2].dtype.itemsize != val.dtype.itemsize:
+            continue
+        views[k] = (base[0], tuple(map(_size, val.shape)), tuple(map(_size, val.stride())),
+                    _size(val.storage_offset() - base[2].storage_offset()),
+                    None if val.dtype == base[2].dtype else val.dtype)
+    return views
 
 
 def _dense_order(val) -> list[int] | None:
@@ -293,8 +326,11 @@ def build_core(gm: fx.GraphModule, sizes_from_shapes: bool = False) -> tuple[fx.
     results: list[fx.Node] = []
     made: dict[fx.Node, int] = {}  # graph output -> its IREE result
     result_layouts: list = []
-    for value in flat:
-        if isinstance(value, fx.Node) and value.op == "placeholder":
+    views = _views_of_outputs(flat, placeholders)
+    for k, value in enumerate(flat):
+        if k in views:
+            outputs.append(("alias", views[k]))
+        elif isinstance(value, fx.Node) and value.op == "placeholder":
             outputs.append(("arg", placeholders.index(value)))
         elif isinstance(value, fx.Node) and value.meta.get("val", 0) is None:
             outputs.append(("value", None))  # e.g. a getitem of a gradient output_mask left out
@@ -352,8 +388,8 @@ def output_texts(outputs: list) -> list[str]:
     """The symbolic sizes (symbolic.text) that the output plan needs evaluated per call."""
     texts = [v for k, v in outputs if k == "size"]
     for kind, v in outputs:
-        if kind == "view":
-            _, shape, stride, offset = v
+        if kind in ("view", "alias"):
+            _, shape, stride, offset = v[:4]
             texts += [x for x in (*shape, *stride, offset) if isinstance(x, str)]
     return texts
 

@@ -50,10 +50,12 @@ def _restrided(r: torch.Tensor, shape, stride) -> torch.Tensor:
     return out if kept == list(shape) else out.as_strided(shape, stride)
 
 
-def _view(args, plan, sizes: dict) -> torch.Tensor:
-    """An output that is a view of input i, as eager gives it (lower._view_of_input)."""
-    i, shape, stride, offset = plan
-    base = args[i]
+def _view(base: torch.Tensor, plan, sizes: dict) -> torch.Tensor:
+    """An output that is a view of `base` (an input: lower._view_of_input; another output:
+    lower._views_of_outputs), as eager gives it."""
+    _, shape, stride, offset, *dtype = plan
+    if dtype and dtype[0] is not None:
+        base = base.view(dtype[0])
     value = sizes.get  # symbolic sizes evaluated for this call; ints stand for themselves
     return base.as_strided([value(x, x) for x in shape], [value(x, x) for x in stride],
                            base.storage_offset() + value(offset, offset))
@@ -137,9 +139,12 @@ class IreePart(torch.nn.Module):
                 results[j] = _restrided(results[j], shape, stride)
         outs = [
             args[v] if k == "arg" else results[v] if k == "result" else sizes[v] if k == "size"
-            else _view(args, v, sizes) if k == "view" else results[v[0]].permute(v[1]) if k == "permuted" else v
+            else _view(args[v[0]], v, sizes) if k == "view" else results[v[0]].permute(v[1]) if k == "permuted" else v
             for k, v in low.outputs
         ]
+        for i, (k, v) in enumerate(low.outputs):
+            if k == "alias":
+                outs[i] = _view(outs[v[0]], v, sizes)
         return tuple(outs) if low.tuple_output else outs[0]
 
 

@@ -92,6 +92,36 @@ def test_output_aliasing_input_view():
     assert_close(ours[1], x[1:], "alias follows its base")
 
 
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_outputs_that_view_each_other_share_memory(dynamic):
+    """`d, d.view(...), d[0], d.t()` under no_grad: eager's outputs share d's memory, so a
+    write into one shows in the others. AOTAutograd leaves this to the backend when no
+    gradient is traced."""
+    def f(x):
+        d = x * 2
+        return d, d.view(-1, d.shape[0]), d[1], d.t(), d[:, 2:].view(torch.int32), (x + 1)[1:]
+
+    compiled = _compile(f, dynamic=dynamic)
+    for rows, cols in ((5, 9), (37, 130), (129, 301)):
+        x = torch.randn(rows, cols)
+        with torch.no_grad():
+            ours, ref = compiled(x), f(x)
+        assert_close(ours, ref, f"outputs at {rows}x{cols}")
+        for i, (a, b) in enumerate(zip(ours, ref)):
+            assert a.stride() == b.stride(), f"output {i} stride at {rows}x{cols}"
+        d, flat, row, t = ours[:4]
+        assert all(o.untyped_storage().data_ptr() == d.untyped_storage().data_ptr() for o in ours[1:5])
+        flat.view(-1)[0] = 100.0
+        row.fill_(-3.0)
+        t[-1, 0] = 7.0
+        expected = ref[0].clone()
+        expected.view(-1)[0] = 100.0
+        expected[1] = -3.0
+        expected[0, -1] = 7.0
+        assert torch.equal(d, expected), f"writes into views of d at {rows}x{cols}"
+        assert torch.equal(ours[4], d[:, 2:].view(torch.int32)), "an int32 view of d follows d"
+
+
 def test_non_contiguous_and_unaligned_inputs():
     def f(a, b):
         return a * b + 1

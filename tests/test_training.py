@@ -72,6 +72,34 @@ def test_inference_under_no_grad():
     assert [p.kind for p in boo_backend.placements()] == ["inference"]
 
 
+def test_backward_twice_with_retain_graph():
+    """Two losses through one graph, each with its own backward (`retain_graph=True` on the
+    first), in a step after a plain backward too, and again after a cache hit (AOTAutograd's
+    cache keeps the graph's metadata). AOTAutograd refuses this for a backward compiled with
+    donated buffers; boo donates none."""
+    def grads(run, model, x):
+        model.zero_grad()
+        out = run(x)
+        out.square().mean().backward(retain_graph=True)
+        out.tanh().sum().backward()
+        return [p.grad.clone() for p in model.parameters()]
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(23, 41), nn.Tanh(), nn.Linear(41, 41), nn.GELU(), nn.Linear(41, 3))
+    for attempt in ("cold", "cache hit"):
+        torch._dynamo.reset()
+        boo_backend.reset()
+        compiled = torch.compile(model, backend="boo")
+        for step, rows in enumerate((11, 11, 37)):
+            x = torch.randn(rows, 23)
+            if step == 0:  # a plain backward first: the graph is compiled before the retained one
+                compiled(x).sum().backward()
+            ours, ref = grads(compiled, model, x), grads(model, model, x)
+            for i, (a, b) in enumerate(zip(ours, ref)):
+                assert_close(a, b, f"{attempt}: grad {i} at step {step}")
+    assert "aot_load_s" in boo_backend.stats(), "the second compile must be AOTAutograd's cache hit"
+
+
 def test_unused_parameter_gets_no_gradient():
     class Partial(nn.Module):
         def __init__(self):
