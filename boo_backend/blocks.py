@@ -110,6 +110,12 @@ def block_labels(gm: fx.GraphModule) -> dict[fx.Node, str | None]:
     return labels
 
 
+def tensor_text(value: torch.Tensor) -> str:
+    """A constant tensor as a key names it: its dtype, layout and a digest of its bytes."""
+    data = value.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+    return f"tensor:{_value_text(value)}:{hashlib.sha256(data).hexdigest()}"
+
+
 def _value_text(val) -> str:
     if isinstance(val, torch.Tensor):
         return f"{val.dtype}{tuple(val.shape)}{val.stride()}@{val.storage_offset()}"
@@ -180,8 +186,7 @@ def structure_key(gm: fx.GraphModule) -> str:
         if node.op == "get_attr":
             value = getattr(gm, node.target)
             if isinstance(value, torch.Tensor):
-                data = value.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
-                target = f"tensor:{_value_text(value)}:{hashlib.sha256(data).hexdigest()}"
+                target = tensor_text(value)
             else:
                 return f"unique:{id(gm)}"  # a submodule or other object: never shared
         elif node.op == "call_module":

@@ -11,6 +11,7 @@ import collections
 import dataclasses
 import functools
 import logging
+import operator
 import re
 import warnings
 import weakref
@@ -48,8 +49,18 @@ _DEVICE = re.compile(r"(device: )(?:cpu|cuda|hip)(?::\d+)?\b|device\(type='\w+'(
 
 
 def graph_text(gm: fx.GraphModule) -> str:
-    """The graph as a cache key names it, devices left out."""
-    return _DEVICE.sub("device: ...", str(gm.graph))
+    """The graph as a cache key names it, devices left out, and the value of each constant it
+    reads (get_attr). The graph's text names a constant but does not show it: graphs that
+    differ only there (`x * torch.tensor(2.0)` and `x * torch.tensor(3.0)`) were one key, and
+    the second was given the first's module and constant."""
+    consts = []
+    for node in gm.graph.nodes:
+        if node.op == "get_attr":
+            value = operator.attrgetter(node.target)(gm)
+            text = (blocks.tensor_text(value) if isinstance(value, torch.Tensor)
+                    else graph_text(value) if isinstance(value, fx.GraphModule) else f"object:{id(value)}")
+            consts.append(f"{node.target} = {text}")
+    return _DEVICE.sub("device: ...", "\n".join([str(gm.graph), *consts]))
 
 
 @functools.cache

@@ -71,6 +71,43 @@ def test_corrupted_cache_file_is_rebuilt(tmp_path, monkeypatch):
     assert boo_backend.stats().get("iree_compiles", 0) == 0
 
 
+class _Scaled(torch.nn.Module):
+    """A plain tensor attribute (not a buffer): Dynamo makes it a constant of the graph."""
+
+    def __init__(self, scale):
+        super().__init__()
+        self.scale = torch.tensor(scale)
+        self.linear = torch.nn.Linear(37, 5)
+
+    def forward(self, x):
+        return self.linear(x * self.scale - torch.tensor([0.485, 0.456, 0.406]).repeat(13)[:37])
+
+
+def test_graphs_that_differ_only_in_a_constant_are_two_entries(tmp_path, monkeypatch):
+    """The graphs' text is the same, the constants' values differ: each gets its own entry,
+    from memory and from disk, forward and backward."""
+    monkeypatch.setenv("BOO_CACHE_DIR", str(tmp_path))
+    x = torch.randn(11, 37)
+    for attempt in ("cold", "memory", "disk"):
+        if attempt == "disk":
+            boo_backend.reset()
+        for scale in (2.0, 3.0, -0.5):
+            torch._dynamo.reset()
+            f = torch.compile(lambda t, c=scale: t * torch.tensor(c) + 1, backend="boo")
+            assert_close(f(x), x * scale + 1, f"{attempt}: x * {scale}")
+            torch.manual_seed(0)
+            model = _Scaled(scale)
+            ours = torch.compile(model, backend="boo")(x)
+            ours.square().sum().backward()
+            grads = [p.grad.clone() for p in model.parameters()]
+            model.zero_grad()
+            ref = model(x)
+            ref.square().sum().backward()
+            assert_close(ours, ref, f"{attempt}: module scaled by {scale}")
+            for g, p in zip(grads, model.parameters()):
+                assert_close(g, p.grad, f"{attempt}: gradient, scaled by {scale}")
+
+
 def test_flipped_byte_is_detected(tmp_path):
     cache = CompileCache(tmp_path)
     key = cache.key("vmfb", "module text")
