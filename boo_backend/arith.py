@@ -8,6 +8,8 @@ Imports only nans (the recursion guard), a leaf.
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from .nans import _inner, _nested
@@ -136,7 +138,7 @@ def _float_remainder(a, b):
 
 def _negative_whole_exponent(x, n) -> bool:
     return (isinstance(x, torch.Tensor) and x.dtype.is_floating_point and isinstance(n, (int, float))
-            and not isinstance(n, bool) and n < 0 and n == int(n))
+            and not isinstance(n, bool) and n < 0 and math.isfinite(n) and n == int(n))
 
 
 def _pow_negative_integer(x, n):

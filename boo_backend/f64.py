@@ -4,7 +4,7 @@ IREE's CPU modules in float64 call libm for most math functions (compile.Target.
 links them), but IREE expands a few itself, in forms that lose most of float64's precision:
 log1p as log(1 + x) (5e-7 relative near 0), expm1 as exp(x) - 1, sinh, asinh, acosh and
 atanh likewise; it cannot compile erf at all, and pow is exp(y log x), NaN for every
-negative base. F64_REWRITES (merged into rewrites.PRE_LOWERING) gives them forms that keep
+negative base (in every float type: _pow_ieee serves them all). F64_REWRITES (merged into rewrites.PRE_LOWERING) gives them forms that keep
 float64's precision (Kahan's for log1p and expm1), built from ops IREE computes exactly.
 """
 
@@ -195,20 +195,39 @@ def _gelu_backward_f64(grad, x, approximate="none"):
     return aten.mul.Tensor(grad, aten.add.Tensor(_normal_cdf(x), aten.mul.Tensor(x, pdf)))
 
 
-def _pow_f64(op):
-    """pow in float64 from pow(|x|, y), with the sign and the special cases IEEE and eager
-    give: a negative base to an integer power, NaN to a fractional one, x^0 = 1^y = 1,
-    (-1)^(+-inf) = 1. A Python-number operand is decided while tracing, not compared as a
-    constant tensor (torch-mlir folds comparisons of float64 constant tensors wrongly)."""
+def _pow_needs(x, y) -> bool:
+    """Whether pow(x, y) takes _pow_ieee: every float64 call; in float32 and the half types,
+    a tensor exponent, or a number exponent that is not finite or not a whole number (with
+    a -inf base; 0.5 and -0.5 are sqrt and rsqrt). torch-mlir computes a whole number
+    exponent as eager does (arith._pow_negative_integer mends x = 0)."""
+    dtype = torch.result_type(x, y)
+    if not dtype.is_floating_point:
+        return False
+    if dtype == _F64 or isinstance(y, torch.Tensor):
+        return True
+    y = float(y)
+    return not math.isfinite(y) or (y != math.floor(y) and y not in (0.5, -0.5))
+
+
+def _pow_ieee(op):
+    """pow from pow(|x|, y), with the sign and the special cases IEEE and eager give: a
+    negative base to an integer power, NaN to a fractional one, x^0 = 1^y = 1,
+    (-1)^(+-inf) = 1. IREE's pow is exp(y log x) in every float type: NaN for every negative
+    base (`torch.pow(x, e)` with x = -2 and e = 3 gave NaN, not -8) and for 0^0 and 1^inf.
+    Half types are computed in f32 and rounded once, as eager does. A Python-number operand
+    is decided while tracing, not compared as a constant tensor (torch-mlir folds
+    comparisons of float64 constant tensors wrongly)."""
 
     def rewrite(x, y):
-        if _nested(op) or torch.result_type(x, y) != _F64:
+        if _nested(op) or not _pow_needs(x, y):
             return NotImplemented
+        dtype = torch.result_type(x, y)
+        work = torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
         tx, ty = isinstance(x, torch.Tensor), isinstance(y, torch.Tensor)
         if tx and not ty and y in _EAGER_POWERS:  # eager's own kernels for these exponents
             return _EAGER_POWERS[y](x.to(_F64))
-        x = x.to(_F64) if tx else float(x)
-        y = y.to(_F64) if ty else float(y)
+        x = x.to(dtype).to(work) if tx else float(x)
+        y = y.to(dtype).to(work) if ty else float(y)
         # abs: IREE's pow of a positive base that overflows to an odd power gives -inf
         r = aten.abs.default(_inner(op, aten.abs.default(x) if tx else abs(x), y))
         if ty:
@@ -233,7 +252,8 @@ def _pow_f64(op):
         else:
             r = aten.where.self(flip, aten.neg.default(r), r)
         r = _where(_and(finite_negative, _not(whole)), math.nan, r)
-        return _where(_or(_or(zero, base_one), _and(minus_one, infinite)), 1.0, r)
+        r = _where(_or(_or(zero, base_one), _and(minus_one, infinite)), 1.0, r)
+        return r if work == dtype else aten._to_copy.default(r, dtype=dtype)
 
     return rewrite
 
@@ -250,7 +270,5 @@ F64_REWRITES = {
     torch.ops.prims.erf.default: (_is_f64, _erf_f64),
     aten.gelu.default: (_is_f64, _gelu_f64),
     aten.gelu_backward.default: (lambda grad, x, *args, **kwargs: _is_f64(x), _gelu_backward_f64),
-    aten.pow.Tensor_Tensor: (lambda x, y: torch.result_type(x, y) == _F64, _pow_f64(aten.pow.Tensor_Tensor)),
-    aten.pow.Tensor_Scalar: (lambda x, y: torch.result_type(x, y) == _F64, _pow_f64(aten.pow.Tensor_Scalar)),
-    aten.pow.Scalar: (lambda x, y: torch.result_type(x, y) == _F64, _pow_f64(aten.pow.Scalar)),
+    **{op: (_pow_needs, _pow_ieee(op)) for op in (aten.pow.Tensor_Tensor, aten.pow.Tensor_Scalar, aten.pow.Scalar)},
 }

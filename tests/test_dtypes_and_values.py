@@ -438,6 +438,55 @@ def test_float_fmod_and_floor_division_as_eager(name, dtype, dynamic, monkeypatc
     assert all(p.island == 0 for p in boo_backend.placements())
 
 
+_POW_BASES = [-2.0, -1.5, -0.5, -0.0, 0.0, 0.5, 1.0, 3.0, math.inf, -math.inf, math.nan, -1.0]
+_POW_EXPONENTS = [0.0, 1.0, 2.0, 3.0, -1.0, -2.0, -3.0, 0.5, -0.5, 2.5, math.inf, -math.inf, math.nan, 1e10, 7.0]
+_POWERS = {
+    "tensor_exponent": lambda x, y: torch.pow(x, y),
+    "number_base": lambda x, y: (torch.pow(-2.0, y), 2.5 ** y, (-0.5) ** y),
+    "fractional_number_exponent": lambda x, y: (x ** 2.5, torch.pow(x, -1.5), x ** math.inf, x ** -math.inf),
+}
+
+
+@pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("name", list(_POWERS))
+def test_pow_of_negative_and_special_bases_as_eager(name, dtype, dynamic, monkeypatch):
+    """IREE's pow is exp(y log x): a negative base gave NaN for every exponent (x ** e with
+    x = -2, e = 3: NaN, not -8), and 0 ** 0, 1 ** inf and inf ** 0 gave NaN. Every base and
+    exponent IEEE treats apart, then random ones with whole exponents (odd and even)."""
+    fn = _POWERS[name]
+    run = _checked_here(fn, dynamic, monkeypatch)
+    grid_x, grid_y = torch.meshgrid(torch.tensor(_POW_BASES), torch.tensor(_POW_EXPONENTS), indexing="ij")
+    for n in (0, 131):
+        g = torch.Generator().manual_seed(n)
+        x = torch.cat([grid_x.reshape(-1), torch.randn(n, generator=g) * 3]).to(dtype)
+        y = torch.cat([grid_y.reshape(-1), torch.randint(-6, 7, (n,), generator=g).float()]).to(dtype)
+        ours, theirs = run(x, y), fn(x, y)
+        for i, (o, t) in enumerate(zip(*((ours, theirs) if isinstance(theirs, tuple) else ((ours,), (theirs,))))):
+            # eager rounds an f32 result once: one unit of the type apart, where it is not exact
+            rtol = {torch.float32: 1e-5, torch.bfloat16: 8e-3, torch.float16: 1e-3}[dtype]
+            torch.testing.assert_close(o, t, equal_nan=True, rtol=rtol, atol=0,
+                                       msg=lambda m: f"{name}[{i}] at n={n}: {m}")
+            exact = (t == 0) | t.isinf() | t.isnan()
+            assert _same_numbers(o[exact], t[exact]), f"{name}[{i}] at n={n}: zeros, infinities or NaN differ"
+    assert all(p.island == 0 for p in boo_backend.placements())
+
+
+def test_pow_backward_with_negative_bases():
+    """The gradients of x ** e through pow's rewrite: a negative base to a whole power."""
+    g = torch.Generator().manual_seed(3)
+    x = (torch.randn(37, 9, generator=g) * 2).requires_grad_()
+    e = torch.randint(-3, 5, (37, 9), generator=g).float()
+    fn = lambda x, e: (torch.pow(x, e) * x.sin()).sum()
+    torch._dynamo.reset()
+    ours = torch.autograd.grad(torch.compile(fn, backend="boo")(x, e), x)[0]
+    theirs = torch.autograd.grad(fn(x, e), x)[0]
+    x64 = x.detach().double().requires_grad_()
+    exact = torch.autograd.grad(fn(x64, e.double()), x64)[0]
+    eager_error = (theirs.double() - exact).abs().max().item()
+    close_to_scale(ours.double(), exact, "pow's gradient against float64", rel=4 * eager_error / exact.abs().max().item() + 1e-6)
+
+
 @pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
 @pytest.mark.parametrize("include_self", [True, False])
 @pytest.mark.parametrize("dtype", [torch.int64, torch.int32], ids=str)
