@@ -99,7 +99,8 @@ def _check_same_outputs(before: fx.GraphModule, after: fx.GraphModule, table: di
     ranks and dtypes."""
     if _output_metas(before, not symbolic) != _output_metas(after, not symbolic):
         raise BooError(
-            f"boo: decomposing {', '.join(map(str, table))} changed the graph's outputs: "
+            f"boo: {'decomposing ' + ', '.join(map(str, table)) if table else 'the rewrites before lowering'} "
+            "changed the graph's outputs: "
             f"ours={_output_metas(after, not symbolic)} | torch={_output_metas(before, not symbolic)}"
         )
 

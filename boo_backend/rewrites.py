@@ -39,7 +39,7 @@ def _two_stage_reduction(op):
             return NotImplemented
         # The row count written out: with -1, rows of length 0 make the reshape ambiguous.
         rows = aten.reshape.default(x, [math.prod(x.shape[:-1]), x.shape[-1]])
-        out = op(op(rows, [1], dtype=dtype), [0])
+        out = op(op(rows, [1], dtype=dtype), [0], dtype=dtype)
         return aten.reshape.default(out, [1] * rank) if keepdim else out
 
     return rewrite

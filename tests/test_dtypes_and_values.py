@@ -438,6 +438,24 @@ def test_float_fmod_and_floor_division_as_eager(name, dtype, dynamic, monkeypatc
     assert all(p.island == 0 for p in boo_backend.placements())
 
 
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int16, torch.float64, torch.float32], ids=str)
+def test_full_reductions_keep_their_dtype_argument(dtype, monkeypatch):
+    """A whole-tensor sum or mean with `dtype=` runs as two stages (rows, then the row
+    results); the second stage dropped `dtype`, so `x.sum(dtype=torch.int32)` of an int64
+    tensor came back int64 and the graph ran in eager PyTorch."""
+    fns = [lambda x: x.sum(dtype=dtype), lambda x: x.sum((0, 1), keepdim=True, dtype=dtype)]
+    if dtype.is_floating_point:
+        fns.append(lambda x: x.float().mean(dtype=dtype))
+    for fn in fns:
+        run = _checked_here(fn, False, monkeypatch)
+        for shape in ((7, 3), (131, 67)):
+            x = torch.randint(-50, 50, shape, generator=torch.Generator().manual_seed(shape[0]))
+            ours, theirs = run(x), fn(x)
+            assert ours.dtype == theirs.dtype and ours.shape == theirs.shape, (ours, theirs)
+            torch.testing.assert_close(ours, theirs)
+        assert all(p.island == 0 for p in boo_backend.placements())
+
+
 _POW_BASES = [-2.0, -1.5, -0.5, -0.0, 0.0, 0.5, 1.0, 3.0, math.inf, -math.inf, math.nan, -1.0]
 _POW_EXPONENTS = [0.0, 1.0, 2.0, 3.0, -1.0, -2.0, -3.0, 0.5, -0.5, 2.5, math.inf, -math.inf, math.nan, 1e10, 7.0]
 _POWERS = {
