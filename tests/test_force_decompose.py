@@ -19,6 +19,13 @@ def test_force_decompose_values():
     assert _ops("") == set()
     assert _ops("1") == _ops("all") == set(composites.names())
     assert _ops("gelu_backward,native_layer_norm_backward") == {"gelu_backward", "native_layer_norm_backward"}
+    # a family, as README's table names it, turns off its forward and backward; a composite's
+    # own name (`gelu`) wins over the family's
+    assert _ops("layer_norm, log_softmax") == {"native_layer_norm", "native_layer_norm_backward",
+                                               "_log_softmax", "_log_softmax_backward_data"}
+    assert _ops("gelu") == {"gelu"}
+    assert _ops("attention") == {"_scaled_dot_product_flash_attention_for_cpu",
+                                 "_scaled_dot_product_flash_attention_for_cpu_backward"}
 
 
 def test_unknown_name_lists_valid_names():

@@ -94,7 +94,9 @@ def by_name(name: str) -> Composite:
     for entry in REGISTRY.values():
         if entry.name == name:
             return entry
-    raise BooError(f"unknown composite {name!r}; valid names are: {', '.join(names())}")
+    families = sorted({e.family for e in REGISTRY.values()})
+    raise BooError(f"unknown composite {name!r}; valid names are: {', '.join(names())}; "
+                   f"or families: {', '.join(families)}")
 
 
 def names() -> list[str]:
@@ -135,13 +137,21 @@ def function_name(entry: Composite, params: dict) -> str:
 
 
 def disabled(force_decompose: str) -> set[torch._ops.OpOverload]:
-    """The ops BOO_FORCE_DECOMPOSE turns off: "1"/"all" -> every one, else a comma list."""
+    """The ops BOO_FORCE_DECOMPOSE turns off: "1"/"all" -> every one, else a comma list of
+    composite names (`_log_softmax`) or of family names (`log_softmax`: its forward and
+    backward) where no composite has that name (`gelu` is the forward composite alone)."""
     text = (force_decompose or "").strip()
     if text.lower() in ("", "0", "none", "false", "off"):
         return set()
     if text.lower() in ("1", "all", "true", "on"):
         return set(REGISTRY)
-    return {by_name(name.strip()).op for name in text.split(",") if name.strip()}
+    off = set()
+    for name in filter(None, (n.strip() for n in text.split(","))):
+        if name in names():
+            off.add(by_name(name).op)
+        else:  # a family, as README's table names them (`layer_norm`)
+            off.update([e.op for e in REGISTRY.values() if e.family == name] or [by_name(name).op])
+    return off
 
 
 def enabled(force_decompose: str) -> dict[torch._ops.OpOverload, Composite]:
