@@ -143,6 +143,19 @@ def _view_of_input(value: fx.Node, placeholders: list[fx.Node]) -> tuple | None:
     return None
 
 
+def _owns_storage(val: torch.Tensor) -> bool:
+    """Whether `val` spans its whole storage from offset 0, as a result IREE writes does: an
+    `_unsafe_view` of a larger tensor (a piece of a fused projection) is not a view, yet
+    shares memory it does not span."""
+    from torch.fx.experimental.symbolic_shapes import statically_known_true
+
+    if not statically_known_true(val.numel() > 0):
+        return False
+    extent = 1 + sum((n - 1) * s for n, s in zip(val.shape, val.stride()))
+    return (statically_known_true(val.storage_offset() == 0)
+            and statically_known_true(val.untyped_storage().nbytes() == extent * val.dtype.itemsize))
+
+
 def _views_of_outputs(flat: list, placeholders: list[fx.Node]) -> dict[int, tuple]:
     """{position: (position of its base, shape, stride, storage offset past the base's)} for
     the outputs that are views of another output the graph computes (`d, d.view(3, -1),
@@ -160,7 +173,7 @@ def _views_of_outputs(flat: list, placeholders: list[fx.Node]) -> dict[int, tupl
     bases = {}
     for k, value in enumerate(flat):
         val = tensor(value)
-        if (val is not None and not val._is_view() and value.op != "placeholder"
+        if (val is not None and not val._is_view() and _owns_storage(val) and value.op != "placeholder"
                 and _view_of_input(value, placeholders) is None):
             bases.setdefault(StorageWeakRef(val.untyped_storage()), (k, value, val))
     views = {}
