@@ -30,7 +30,7 @@ aten = torch.ops.aten
 
 # Ops that take one index tensor: the position of the indexed tensor, of the index, and of
 # the dim (None: dim 0), and whether an index may count from the end ([-n, n); else [0, n)).
-_ONE_INDEX = {
+ONE_INDEX = {
     aten.index_select.default: (0, 2, 1, False),
     aten.gather.default: (0, 2, 1, False),
     aten.embedding.default: (0, 1, None, False),
@@ -50,7 +50,7 @@ _ONE_INDEX = {
 # index_put's indices have been wrapped by then (rewrites._index_put_wrapped: i + n where
 # i < 0), so they must lie in [0, n); index_add, index_copy and index_fill come here as
 # index_put too.
-_INDEX_LISTS = {aten.index.Tensor: True, aten.index_put.default: False}
+INDEX_LISTS = {aten.index.Tensor: True, aten.index_put.default: False}
 
 
 def _value(node):
@@ -61,7 +61,7 @@ def _indices(node: fx.Node):
     """(indexed tensor node, dim, where the index is, negatives allowed) for each index of
     `node`; where: (argument position, position in its list or None)."""
     target = node.target
-    if target in _INDEX_LISTS:
+    if target in INDEX_LISTS:
         dim = 0
         for k, index in enumerate(node.args[1]):
             val = _value(index)
@@ -70,10 +70,10 @@ def _indices(node: fx.Node):
             elif val.dtype in (torch.bool, torch.uint8):
                 dim += val.dim()
             else:
-                yield node.args[0], dim, (1, k), _INDEX_LISTS[target]
+                yield node.args[0], dim, (1, k), INDEX_LISTS[target]
                 dim += 1
         return
-    spec = _ONE_INDEX.get(target)
+    spec = ONE_INDEX.get(target)
     if spec is not None and len(node.args) > spec[1]:
         source, index, dim, negatives = spec
         yield node.args[source], node.args[dim] if dim is not None else 0, (index, None), negatives

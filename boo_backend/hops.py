@@ -1,10 +1,11 @@
 """Higher-order ops in AOTAutograd's graphs, rewritten into plain ATen before boo places the
 graph (torch-mlir's importer takes none of them). A leaf: imports nothing else from boo_backend
-but config.
+but config, symbolic and checks (leaves too).
 
 - invoke_subgraph (torch.compiler.nested_compile_region): the subgraph inlined.
 - cond: both branches inlined and their results selected with `where` (cond's branches are
-  pure and return alike; an IREE module has no branches to skip).
+  pure and return alike; an IREE module has no branches to skip). In the branch not taken,
+  each index is 0 and each integer divisor 1, so that its checks do not raise.
 - run_and_save_rng_state / run_with_rng_state (activation checkpointing around randomness):
   the saved "state" becomes random bytes drawn in the forward, and the random ops that the
   op (or subgraph) runs draw from a counter-based generator keyed by those bytes, so that
@@ -26,6 +27,7 @@ import torch.fx.traceback as fx_traceback
 from torch._guards import detect_fake_mode
 from torch.fx.experimental.proxy_tensor import make_fx
 
+from . import checks
 from .config import BooError
 from .symbolic import placeholder_values
 
@@ -94,9 +96,12 @@ class _Run(fx.Interpreter):
     """Runs a graph (under make_fx), higher-order ops by the rewrites; with `seed`, random
     ops draw from it (SEEDED)."""
 
-    def __init__(self, gm: fx.GraphModule, seed=None, state_bytes: int = 5056, region: str | None = None):
+    def __init__(self, gm: fx.GraphModule, seed=None, state_bytes: int = 5056, region: str | None = None,
+                 taken=None):
         super().__init__(gm)
         self.seed = seed
+        # Inside a branch of cond: a 0-d bool tensor, whether this branch is the one taken.
+        self.taken = taken
         # The module stack the nodes traced here get (one per invoke_subgraph call), so that
         # blocks.block_labels sees each call of a nested_compile_region as a block of its own.
         self.region = region
@@ -118,10 +123,13 @@ class _Run(fx.Interpreter):
                                "draw again in the backward (it can for dropout, bernoulli and rand)")
             self.seed = self.seed + 1  # a new stream for each random op of the region
             return SEEDED[target](self.seed, *args, **kwargs)
+        if self.taken is not None:
+            args = _harmless_unless_taken(target, list(args), self.taken)
         return super().call_function(target, args, kwargs)
 
-    def _sub(self, graph, args, seed=None, region=None):
-        return _Run(graph, seed, self.state_bytes, region or self.region).run(*args)
+    def _sub(self, graph, args, seed=None, region=None, taken=None):
+        return _Run(graph, seed, self.state_bytes, region or self.region,
+                    self.taken if taken is None else taken).run(*args)
 
     def run_node(self, n):
         if self.region is None:
@@ -141,7 +149,10 @@ class _Run(fx.Interpreter):
         return self._sub(subgraph, operands, region=self.region or f"nested_compile_region.{self.regions}")
 
     def _cond(self, pred, true_fn, false_fn, operands):
-        ours, theirs = self._sub(true_fn, operands), self._sub(false_fn, operands)
+        not_pred = aten.logical_not.default(pred)
+        if self.taken is not None:
+            pred, not_pred = (aten.logical_and.default(self.taken, p) for p in (pred, not_pred))
+        ours, theirs = self._sub(true_fn, operands, taken=pred), self._sub(false_fn, operands, taken=not_pred)
         select = lambda a, b: aten.where.self(pred, a, b) if isinstance(a, torch.Tensor) else a  # noqa: E731
         if isinstance(ours, (tuple, list)):
             return type(ours)(select(a, b) for a, b in zip(ours, theirs))
@@ -200,6 +211,31 @@ def _single(op, count: int, kwargs) -> fx.GraphModule:
     inputs = [graph.placeholder(f"a{i}") for i in range(count)]
     graph.output(graph.call_function(op, tuple(inputs), kwargs))
     return fx.GraphModule(torch.nn.Module(), graph)
+
+
+# Integer ops that raise on a zero divisor (arith's checks, and ATen itself on an island):
+# the position of the divisor.
+_DIVISIONS = {aten.div.Tensor_mode: 1, aten.remainder.Tensor: 1, aten.fmod.Tensor: 1, aten.floor_divide.default: 1}
+
+
+def _harmless_unless_taken(target, args: list, taken) -> list:
+    """`args` of an op in a branch of cond, with each index it takes 0 and each integer
+    divisor 1 where the branch is not taken. Both branches are computed, and the one not
+    taken must not raise what eager only raises when it runs: `cond(i.max() < n, x[i], ...)`
+    with i past n, or `cond((b == 0).any(), ..., a // b)` (checks.py)."""
+    def harmless(value, neutral):
+        if not isinstance(value, torch.Tensor) or value.dtype.is_floating_point or value.dtype == torch.bool:
+            return value
+        return aten.where.self(taken, value, aten.full_like.default(value, neutral))
+
+    spec = checks.ONE_INDEX.get(target)
+    if spec is not None and len(args) > spec[1]:
+        args[spec[1]] = harmless(args[spec[1]], 0)
+    elif target in checks.INDEX_LISTS and len(args) > 1:
+        args[1] = [harmless(i, 0) for i in args[1]]
+    elif target in _DIVISIONS and len(args) > _DIVISIONS[target]:
+        args[_DIVISIONS[target]] = harmless(args[_DIVISIONS[target]], 1)
+    return args
 
 
 def has_higher_order_ops(gm: fx.GraphModule) -> bool:

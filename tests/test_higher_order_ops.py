@@ -143,6 +143,40 @@ def test_cond_takes_the_branch_the_predicate_picks(sign):
     _all_in_iree()
 
 
+def test_checks_in_the_branch_of_cond_not_taken_do_not_raise():
+    """Both branches are computed; the one not taken must not raise what eager raises only
+    when it runs (an index past the end, an integer division by zero), and the one taken
+    still must. Nested too."""
+    def index(x, i):
+        return torch.cond(i.max() < x.shape[0], lambda x, i: x[i].sum(), lambda x, i: x.sum(), (x, i))
+
+    def divide(a, b):
+        return torch.cond((b == 0).any(), lambda a, b: a * 0, lambda a, b: a // b + torch.remainder(a, b), (a, b))
+
+    def nested(x, i):
+        inner = lambda x, i: torch.cond(i.min() >= 0, lambda x, i: x.index_select(0, i).sum(),  # noqa: E731
+                                        lambda x, i: x.sum() * 2, (x, i))
+        return torch.cond(i.max() < x.shape[0], inner, lambda x, i: -x.sum(), (x, i))
+
+    x = torch.arange(37.0)
+    for fn, good, bad in ((index, (x, torch.tensor([1, 36, 5])), (x, torch.tensor([1, 40]))),
+                          (divide, (torch.tensor([5, -7, 9]), torch.tensor([2, 3, -4])),
+                           (torch.tensor([5, -7, 9]), torch.tensor([2, 0, -4]))),
+                          (nested, (x, torch.tensor([3, 30])), (x, torch.tensor([3, 99])))):
+        torch._dynamo.reset()
+        compiled = torch.compile(fn, backend="boo")
+        for args in (good, bad):
+            assert torch.equal(compiled(*args), fn(*args)), fn.__name__
+    torch._dynamo.reset()
+    with pytest.raises(IndexError, match="out of range"):  # the branch taken still checks
+        torch.compile(lambda x, i: torch.cond(i.min() >= 0, lambda x, i: x[i].sum(), lambda x, i: x.sum(), (x, i)),
+                      backend="boo")(x, torch.tensor([1, 40]))
+    torch._dynamo.reset()
+    with pytest.raises(RuntimeError, match="ZeroDivisionError"):
+        torch.compile(lambda a, b: torch.cond((b == 0).all(), lambda a, b: a * 0, lambda a, b: a // b, (a, b)),
+                      backend="boo")(torch.tensor([5, 7]), torch.tensor([0, 3]))
+
+
 def test_a_custom_op_that_mutates_its_input_runs_as_a_named_island(monkeypatch):
     monkeypatch.setenv("BOO_STRICT", "0")
 
