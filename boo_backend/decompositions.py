@@ -454,9 +454,17 @@ UNLOWERED = frozenset({
     aten.max_pool3d_with_indices_backward.default,
 })
 
+def _dist(input, other, p=2):
+    """torch.dist as the norm of the difference (torch._decomp's form), which AOTAutograd then
+    decomposes as it does every norm. torch-mlir's own lowering of dist gave inf for p = 0,
+    1.0 for p = inf where eager gives 3.0, and 1.0 for p = -inf (eager 0.0)."""
+    return aten.norm.Scalar(aten.sub.Tensor(input, other), p)
+
+
 AOT = {
     aten._scaled_dot_product_flash_attention_for_cpu.default: _flash_attention_cpu,
     aten._scaled_mm.default: _scaled_mm,
+    aten.dist.default: _dist,
 }
 
 FALLBACK = {

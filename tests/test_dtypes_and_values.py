@@ -456,6 +456,30 @@ def test_full_reductions_keep_their_dtype_argument(dtype, monkeypatch):
         assert all(p.island == 0 for p in boo_backend.placements())
 
 
+@pytest.mark.parametrize("p", [0.0, 1.0, 2.0, 3.0, 0.5, math.inf, -math.inf])
+def test_dist_for_every_p(p):
+    """torch.dist went to torch-mlir's lowering, which gave inf for p = 0 and 1.0 for
+    p = +-inf (eager: 3.0 and 0.0); now the norm of the difference, as torch decomposes it."""
+    g = torch.Generator().manual_seed(7)
+    for shape in ((2, 3), (37, 129)):
+        a = torch.randn(shape, generator=g)
+        b = a.clone()
+        b[0, 0] += 3.0  # one clear largest difference, for the inf-norm's gradient
+        b[1:] = torch.randn(shape[0] - 1, shape[1], generator=g)
+        b[:, -1] = a[:, -1]  # zero differences, for p = 0 and -inf
+        fn = lambda a, b: torch.dist(a, b, p=p)  # noqa: E731
+        torch._dynamo.reset()
+        boo_backend.reset()
+        x, y = a.clone().requires_grad_(), a.clone().requires_grad_()
+        ours, theirs = torch.compile(fn, backend="boo")(x, b), fn(y, b)
+        torch.testing.assert_close(ours, theirs, msg=lambda m: f"p={p} at {shape}: {m}")
+        if ours.requires_grad and math.isfinite(theirs.item()) and p != 0.0:
+            ours.backward()
+            theirs.backward()
+            torch.testing.assert_close(x.grad, y.grad, msg=lambda m: f"p={p} gradient at {shape}: {m}")
+        assert all(pl.island == 0 for pl in boo_backend.placements())
+
+
 _POW_BASES = [-2.0, -1.5, -0.5, -0.0, 0.0, 0.5, 1.0, 3.0, math.inf, -math.inf, math.nan, -1.0]
 _POW_EXPONENTS = [0.0, 1.0, 2.0, 3.0, -1.0, -2.0, -3.0, 0.5, -0.5, 2.5, math.inf, -math.inf, math.nan, 1e10, 7.0]
 _POWERS = {
