@@ -170,12 +170,29 @@ def _attention_kernels() -> str:
     return ",".join(k for k in kinds if getattr(torch.backends.cuda, f"{k}_sdp_enabled")())
 
 
+def keyable(gm) -> bool:
+    """Whether AOTAutograd's cache can key `gm` (Dynamo's graph) safely. It keys the graph
+    before AOTAutograd traces it, and checks the guards that tracing adds on sizes only: a
+    float that becomes a number while tracing (a global `s` that changed once, which Dynamo
+    then passes as a 0-d tensor and reads with `.item()`: `leaky_relu(x, s / 5)`) is baked
+    into the traced graph under a guard the entry does not keep, and a second process with
+    another `s` was served the first one's graph. Such graphs are not put in that cache
+    (boo's own cache keys the traced graph, constants included)."""
+    for node in gm.graph.nodes:
+        if node.op == "placeholder" and isinstance(node.meta.get("example_value", node.meta.get("val")), torch.SymFloat):
+            return False
+        if (node.op == "call_method" and node.target == "item") or node.target in (
+                torch.ops.aten._local_scalar_dense.default, torch.ops.aten.item.default, torch.Tensor.item):
+            return False
+    return True
+
+
 @contextlib.contextmanager
-def serving(opts: Options, rebuild: Callable[..., Any]):
+def serving(opts: Options, rebuild: Callable[..., Any], cacheable: bool = True):
     """AOTAutograd's cache on for one backend call, its entries in boo's cache directory,
     keyed by boo's tag; `rebuild` turns a hit's graph into the callable (see _REBUILD). Off
-    when boo's cache is off."""
-    if not opts.cache:
+    when boo's cache is off, or the graph is not `cacheable` (see keyable)."""
+    if not opts.cache or not cacheable:
         with functorch_config.patch(enable_autograd_cache=False):
             yield
         return

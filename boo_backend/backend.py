@@ -70,7 +70,7 @@ def boo(gm: fx.GraphModule, example_inputs, options: dict | None = None, **kwarg
     # AOTAutograd's own CSE pass costs ~0.5 s on a transformer layer's joint graph; IREE
     # runs CSE on every module anyway, so the warm start skips it.
     with (functorch_config.patch(cse=False), _attention_for(target_for(opts.target, example_inputs)),
-          eager_indexing(), aot_cache.serving(opts, rebuild)):
+          eager_indexing(), aot_cache.serving(opts, rebuild, aot_cache.keyable(gm))):
         return _aot(opts, compiler)(gm, example_inputs)
 
 

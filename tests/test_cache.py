@@ -8,6 +8,7 @@ import sys
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 import boo_backend
 from boo_backend.cache import CompileCache
@@ -106,6 +107,34 @@ def test_graphs_that_differ_only_in_a_constant_are_two_entries(tmp_path, monkeyp
             assert_close(ours, ref, f"{attempt}: module scaled by {scale}")
             for g, p in zip(grads, model.parameters()):
                 assert_close(g, p.grad, f"{attempt}: gradient, scaled by {scale}")
+
+
+_SCALE = 0.5
+
+
+def _leaky(x):
+    return F.leaky_relu(x * _SCALE, _SCALE / 5).cumsum(0)
+
+
+def test_a_float_global_that_changed_is_not_served_from_another_run(tmp_path, monkeypatch):
+    """Once a global float changes, Dynamo passes it as a 0-d tensor and AOTAutograd bakes
+    `s / 5` into the graph it traces, under a guard AOTAutograd's cache does not keep: a later
+    run with another `s` was given the first run's graph (its slope) from that cache."""
+    global _SCALE
+    monkeypatch.setenv("BOO_CACHE_DIR", str(tmp_path))
+    x = torch.linspace(-3, 3, 77).reshape(7, 11)
+    try:
+        for start in (0.5, 2.0):
+            _SCALE = start
+            torch._dynamo.reset()
+            boo_backend.reset()
+            compiled = torch.compile(_leaky, backend="boo")
+            for rows in (5, 37):  # a second size: the batch becomes dynamic
+                compiled(torch.randn(rows, 11))
+            _SCALE = start * 3  # Dynamo compiles again, `s` now an input
+            assert_close(compiled(x), _leaky(x), f"slope {_SCALE / 5}")
+    finally:
+        _SCALE = 0.5
 
 
 def test_flipped_byte_is_detected(tmp_path):
