@@ -4,8 +4,9 @@ IREE's CPU modules in float64 call libm for most math functions (compile.Target.
 links them), but IREE expands a few itself, in forms that lose most of float64's precision:
 log1p as log(1 + x) (5e-7 relative near 0), expm1 as exp(x) - 1, sinh, asinh, acosh and
 atanh likewise; it cannot compile erf at all, and pow is exp(y log x), NaN for every
-negative base (in every float type: _pow_ieee serves them all). F64_REWRITES (merged into rewrites.PRE_LOWERING) gives them forms that keep
-float64's precision (Kahan's for log1p and expm1), built from ops IREE computes exactly.
+negative base (in every float type: _pow_ieee serves them all). F64_REWRITES (merged into
+rewrites.PRE_LOWERING) gives them forms that keep float64's precision (Kahan's for log1p
+and expm1), built from ops IREE computes exactly.
 """
 
 from __future__ import annotations
