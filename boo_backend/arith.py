@@ -254,6 +254,49 @@ def _floor_or_int_trunc(a, b, *, rounding_mode=None) -> bool:
     return _is_floor(a, b, rounding_mode=rounding_mode) or _is_int_trunc(a, b, rounding_mode=rounding_mode)
 
 
+
+def _int8_with_number(a, b, *args, **kwargs) -> bool:
+    """An int8 result from an int8 tensor and a number: a Python int or a 0-d tensor of
+    another integer type (`x * torch.tensor(3)`), either side."""
+    return (_has_tensor(a, b) and torch.result_type(a, b) == torch.int8
+            and any(type(v) is int or isinstance(v, torch.Tensor) and v.dtype != torch.int8 for v in (a, b)))
+
+
+def _wrapped_to_int8(n: int) -> int:
+    """`n` as eager reads it beside an int8 tensor: cast to int8 (300 is 44)."""
+    return (n + 128) % 256 - 128
+
+
+def _int8_as_int32(t):
+    """An int8 operand (a 0-d tensor of another type cast to int8 first, as eager casts it)
+    widened to int32."""
+    return aten._to_copy.default(t if t.dtype == torch.int8 else aten._to_copy.default(t, dtype=torch.int8),
+                                 dtype=torch.int32)
+
+
+def _int8_in_int32(op):
+    """`op` on an int8 tensor and a number, computed in int32 and cast back to int8.
+    torch-mlir cannot make an int8 constant from a number ("dstOriginalDtype has to be
+    passed"), so `x * 3`, `x - 3`, `x // 3` and `x % 7` sent their whole graph to eager.
+    The number is first cast to int8 as eager casts it; the int32 result then wraps to the
+    same int8 value as eager's (sums, differences and products modulo 2^8; quotients and
+    remainders of numbers already in int8's range)."""
+
+    def rewrite(a, b, *args, **kwargs):
+        if not _int8_with_number(a, b):
+            return NotImplemented
+        a, b = (_int8_as_int32(v) if isinstance(v, torch.Tensor) else _wrapped_to_int8(v) for v in (a, b))
+        return aten._to_copy.default(op(a, b, *args, **kwargs), dtype=torch.int8)
+
+    return rewrite
+
+
+# op: (when a call needs the rewrite, the rewrite), tried before ARITH_REWRITES' own.
+INT8_REWRITES = {op: (_int8_with_number, _int8_in_int32(op)) for op in (
+    aten.add.Tensor, aten.sub.Tensor, aten.mul.Tensor, aten.add.Scalar, aten.sub.Scalar, aten.mul.Scalar,
+    aten.rsub.Scalar, aten.floor_divide.default, aten.div.Tensor_mode, aten.div.Scalar_mode,
+    aten.remainder.Scalar, aten.remainder.Tensor, aten.fmod.Scalar, aten.fmod.Tensor)}
+
 # op: (when a call needs the rewrite, the rewrite); see rewrites._REWRITES.
 ARITH_REWRITES = {
     aten.scatter_reduce.two: (_is_int_mean, _int_scatter_mean),

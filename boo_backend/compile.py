@@ -124,6 +124,11 @@ def parse_target(spec: str) -> Target:
             f64_flags=(
                 "--iree-llvmcpu-link-embedded=false",
                 f"--iree-llvmcpu-system-linker-path={shlex.quote(find_tool('iree-lld'))} -flavor gnu -z now",
+                # The compiler's own evaluation of constant subgraphs links its code into the
+                # embedded library, where libm's sin is an undefined symbol: the whole module
+                # failed for sin of an arange in float64 (a positional table). Such values are
+                # computed when the module runs instead, as eager computes them.
+                "--iree-opt-const-eval=false",
             ),
             # Packed (data-tiled) matmuls: measured 2x faster on the MLP backward here, but
             # IREE 3.13 fails on some ("operations with large vector sizes"); see compile_mlir.

@@ -6,7 +6,8 @@ log1p as log(1 + x) (5e-7 relative near 0), expm1 as exp(x) - 1, sinh, asinh, ac
 atanh likewise; it cannot compile erf at all, and pow is exp(y log x), NaN for every
 negative base (in every float type: _pow_ieee serves them all). F64_REWRITES (merged into
 rewrites.PRE_LOWERING) gives them forms that keep float64's precision (Kahan's for log1p
-and expm1), built from ops IREE computes exactly.
+and expm1), built from ops IREE computes exactly. IN_F64 computes IREE's inaccurate float32
+functions (sin, cos, sinh, ...) of f32, f16 and bf16 tensors in float64.
 """
 
 from __future__ import annotations
@@ -95,13 +96,14 @@ def _atanh_f64(x):
 
 
 def _acosh_f64(x):
-    """log1p(t + sqrt(2t + t^2)) for t = x - 1; log(x) + log(2) past 2^28."""
+    """log1p(t + sqrt(2t + t^2)) for t = x - 1; log(x) + log(2) past 2^28; NaN below 1."""
     if not _is_f64(x):
         return NotImplemented
     t = aten.sub.Scalar(x, 1.0)
     near = _log1p_f64(aten.add.Tensor(t, aten.sqrt.default(aten.add.Tensor(aten.mul.Scalar(t, 2.0), aten.mul.Tensor(t, t)))))
     far = aten.add.Scalar(aten.log.default(x), math.log(2.0))
-    return aten.where.self(aten.gt.Scalar(x, 2.0 ** 28), far, near)
+    # NaN below 1, as in eager (a large negative x gave -inf: t + sqrt(2t + t^2) cancels)
+    return _where(aten.lt.Scalar(x, 1.0), math.nan, aten.where.self(aten.gt.Scalar(x, 2.0 ** 28), far, near))
 
 
 _ERF_TERMS = 100
@@ -257,6 +259,33 @@ def _pow_ieee(op):
         return r if work == dtype else aten._to_copy.default(r, dtype=dtype)
 
     return rewrite
+
+
+def _narrow(x, *args, **kwargs) -> bool:
+    return isinstance(x, torch.Tensor) and x.dtype in (torch.float32, torch.float16, torch.bfloat16)
+
+
+def _in_f64(op):
+    """`op` on an f32/f16/bf16 tensor computed in float64 and rounded once. IREE's own float32
+    forms of these are far from eager's: sin(-1e-6) gave -9.0e-7, sin(1e4) -0.30535 (eager
+    -0.30561: its argument reduction loses digits, so RoPE tables at long positions drift),
+    sin(1e10) -6e21; sinh, asinh and atanh of 1e-10 gave 0; sinh and cosh overflowed at 89
+    and asinh, acosh at 1e10 (through exp(x) and x * x); exp2 was 8 ulps off. In float64
+    IREE calls libm for them, or F64_REWRITES gives them exact forms."""
+
+    def rewrite(x):
+        if not _narrow(x) or _nested(op):
+            return NotImplemented
+        return aten._to_copy.default(_inner(op, aten._to_copy.default(x, dtype=_F64)), dtype=x.dtype)
+
+    return rewrite
+
+
+# The float32 math that _in_f64 computes in float64 (tanh, exp, log, erf and the inverse
+# trigonometric functions are within eager's rounding in float32).
+IN_F64 = {op: (_narrow, _in_f64(op)) for op in (
+    aten.sin.default, aten.cos.default, aten.tan.default, aten.sinh.default, aten.cosh.default,
+    aten.asinh.default, aten.acosh.default, aten.atanh.default, aten.exp2.default)}
 
 
 # op: (when a call needs the rewrite, the rewrite); see rewrites._REWRITES.

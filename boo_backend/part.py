@@ -94,6 +94,8 @@ class IreePart(torch.nn.Module):
         target = getattr(function, "target", None)
         self._consts_moved = target is not None and not target.is_cpu and any(k == "const" for k, _ in lowered.inputs)
         self._inputs_on: dict[torch.device, list] = {}
+        # Outputs that view another output (lower._views_of_outputs), made after the others.
+        self._aliases = [(i, v) for i, (k, v) in enumerate(lowered.outputs) if k == "alias"]
 
     def _concrete(self, args) -> tuple[list, dict]:
         """For this call's sizes: the results to restride, and the values of returned sizes."""
@@ -142,9 +144,8 @@ class IreePart(torch.nn.Module):
             else _view(args[v[0]], v, sizes) if k == "view" else results[v[0]].permute(v[1]) if k == "permuted" else v
             for k, v in low.outputs
         ]
-        for i, (k, v) in enumerate(low.outputs):
-            if k == "alias":
-                outs[i] = _view(outs[v[0]], v, sizes)
+        for i, v in self._aliases:
+            outs[i] = _view(outs[v[0]], v, sizes)
         return tuple(outs) if low.tuple_output else outs[0]
 
 

@@ -286,9 +286,11 @@ def preparation_table(gm: fx.GraphModule, decompositions: dict, canonical: dict)
     table = dict(canonical)
     if any(needs_pre_lowering(n.target, *_values(n)) for n in compute_nodes(gm)):
         # A rewrite that leaves a call alone (NotImplemented) still lets the composite's
-        # canonical form apply to it.
-        table.update({op: _first_of(rewrite, canonical[op]) if op in canonical else rewrite
-                      for op, rewrite in PRE_LOWERING.items()})
+        # canonical form apply to it. Each returns its op's own strides: one call that needs
+        # a rewrite applies them all, and a contiguous slice_scatter of a permuted tensor
+        # broke a later view (Funnel's relative shift).
+        table.update({op: _first_of(keep_strides(op, rewrite), canonical[op]) if op in canonical
+                      else keep_strides(op, rewrite) for op, rewrite in PRE_LOWERING.items()})
     table.update(decompositions)
     return table
 

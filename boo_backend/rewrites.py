@@ -15,9 +15,9 @@ import math
 import sympy
 import torch
 
-from .arith import ARITH_REWRITES, _first_of
+from .arith import ARITH_REWRITES, INT8_REWRITES, _first_of
 from .halves import HALF_REWRITES, _accumulate_in_f32, _is_half
-from .f64 import F64_REWRITES, _negative
+from .f64 import F64_REWRITES, IN_F64, _negative
 from .nans import NAN_REWRITES, _inner, _nested
 from .pooling import ceil_mode_avg_pool
 from .symbolic import expr, is_row_major
@@ -394,7 +394,7 @@ def _merged(*tables: dict) -> dict:
 
 # op: (when a call needs the rewrite, the rewrite). Each rewrite also returns NotImplemented
 # for calls it leaves alone, because make_fx applies the whole table once any call needs it.
-_REWRITES = _merged(F64_REWRITES, NAN_REWRITES, ARITH_REWRITES, HALF_REWRITES, {
+_REWRITES = _merged(INT8_REWRITES, F64_REWRITES, IN_F64, NAN_REWRITES, ARITH_REWRITES, HALF_REWRITES, {
     aten.atan2.default: (lambda *a, **k: True, _atan2),
     aten.sum.dim_IntList: (_is_full, _first_of(
         _accumulate_in_f32(aten.sum.dim_IntList), _two_stage_reduction(aten.sum.dim_IntList))),

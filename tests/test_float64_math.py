@@ -92,3 +92,16 @@ def test_float64_backward_through_math():
     assert all(p.island == 0 for p in boo_backend.placements())
     torch.testing.assert_close(gx, rx, rtol=1e-12, atol=1e-13)
     torch.testing.assert_close(gw, rw, rtol=1e-12, atol=1e-13)
+
+
+@pytest.mark.parametrize("dtype", [f64, torch.float32], ids=str)
+def test_math_of_constants_in_float64(dtype):
+    """A positional table built inside the graph (sin and cos of an arange, no input in it):
+    IREE evaluates such constants while it compiles, in code that could not link libm's sin,
+    and the whole module failed. float32's sin is computed in float64 too (f64.IN_F64)."""
+    def f(x):
+        angles = torch.arange(131, dtype=dtype)[:, None] * (0.37 ** torch.arange(3, dtype=dtype))
+        return x * torch.sin(angles) + torch.cos(angles)
+
+    x = torch.randn(131, 3, dtype=dtype)
+    torch.testing.assert_close(_compiled(f, x), f(x))
