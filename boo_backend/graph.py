@@ -52,8 +52,11 @@ def graph_text(gm: fx.GraphModule) -> str:
     """The graph as a cache key names it, devices left out, and the value of each constant it
     reads (get_attr). The graph's text names a constant but does not show it: graphs that
     differ only there (`x * torch.tensor(2.0)` and `x * torch.tensor(3.0)`) were one key, and
-    the second was given the first's module and constant."""
-    consts = []
+    the second was given the first's module and constant. Also torch's default dtype, which
+    the text does not show either: `i * 0.3` of an int64 `i`, `torch.arange(0., 1, 0.3)` and
+    `torch.full(size, 0.1)` are float64 under `torch.set_default_dtype(torch.float64)`, and
+    were served the float32 module compiled before it."""
+    consts = [f"default dtype = {torch.get_default_dtype()}"]
     for node in gm.graph.nodes:
         if node.op == "get_attr":
             value = operator.attrgetter(node.target)(gm)

@@ -109,6 +109,31 @@ def test_graphs_that_differ_only_in_a_constant_are_two_entries(tmp_path, monkeyp
                 assert_close(g, p.grad, f"{attempt}: gradient, scaled by {scale}")
 
 
+def test_default_dtype_is_part_of_the_key(tmp_path, monkeypatch):
+    """The same graph text means another thing under another default dtype: an int tensor
+    times a float, a float arange and a float full are float64 under float64's default. The
+    float32 module was served for them, from memory and from disk."""
+    monkeypatch.setenv("BOO_CACHE_DIR", str(tmp_path))
+
+    def f(i, x):
+        return i * 0.3, x + torch.arange(0.0, 0.9, 0.3) + torch.full((3,), 0.1)
+
+    i, x = torch.arange(3), torch.randn(3)
+    try:
+        for attempt in ("cold", "memory", "disk"):
+            if attempt == "disk":
+                boo_backend.reset()
+            for default in (torch.float32, torch.float64):
+                torch.set_default_dtype(default)
+                torch._dynamo.reset()
+                ours, ref = torch.compile(f, backend="boo")(i, x), f(i, x)
+                assert ref[0].dtype == default
+                for o, r in zip(ours, ref):
+                    assert o.dtype == r.dtype and torch.equal(o, r), (attempt, default, o, r)
+    finally:
+        torch.set_default_dtype(torch.float32)
+
+
 _SCALE = 0.5
 
 
