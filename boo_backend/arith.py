@@ -291,6 +291,28 @@ def _int8_in_int32(op):
     return rewrite
 
 
+
+def _compares_ints_as_floats(a, b) -> bool:
+    """A comparison whose common dtype is a float one, with an integer or bool tensor in it."""
+    return (_has_tensor(a, b) and torch.result_type(a, b).is_floating_point
+            and any(isinstance(v, torch.Tensor) and not v.dtype.is_floating_point for v in (a, b)))
+
+
+def _compared_in(op):
+    """Comparison `op` with its integer tensors cast to the common float dtype first, as
+    eager's kernels compare: `i == 16777216.0` of an int64 16777217 is True in eager (both
+    are that float32), where torch-mlir compared exactly."""
+
+    def rewrite(a, b):
+        if not _compares_ints_as_floats(a, b):
+            return NotImplemented
+        dtype = torch.result_type(a, b)
+        a, b = (aten._to_copy.default(v, dtype=dtype) if isinstance(v, torch.Tensor) and v.dtype != dtype else v
+                for v in (a, b))
+        return op(a, b)
+
+    return rewrite
+
 # op: (when a call needs the rewrite, the rewrite), tried before ARITH_REWRITES' own.
 INT8_REWRITES = {op: (_int8_with_number, _int8_in_int32(op)) for op in (
     aten.add.Tensor, aten.sub.Tensor, aten.mul.Tensor, aten.add.Scalar, aten.sub.Scalar, aten.mul.Scalar,
@@ -308,6 +330,9 @@ ARITH_REWRITES = {
     **{op: (_has_tensor, _first_of(_int_remainder, _binary_in_f32(aten.remainder.Tensor), _float_remainder))
        for op in (aten.remainder.Tensor, aten.remainder.Scalar)},
     aten.pow.Tensor_Scalar: (_negative_whole_exponent, _pow_negative_integer),
+    **{op: (_compares_ints_as_floats, _compared_in(op)) for op in (
+        aten.eq.Scalar, aten.ne.Scalar, aten.lt.Scalar, aten.le.Scalar, aten.gt.Scalar, aten.ge.Scalar,
+        aten.eq.Tensor, aten.ne.Tensor, aten.lt.Tensor, aten.le.Tensor, aten.gt.Tensor, aten.ge.Tensor)},
     **{op: (_shift_out_of_range, _shift_by_number(op, right)) for op, right in (
         (aten.__rshift__.Scalar, True), (aten.bitwise_right_shift.Tensor_Scalar, True),
         (aten.bitwise_right_shift.Tensor, True), (aten.__lshift__.Scalar, False),

@@ -436,6 +436,25 @@ def test_int8_with_numbers_in_iree(name, dynamic, monkeypatch):
     assert boo_backend.placements() and all(p.island == 0 for p in boo_backend.placements())
 
 
+@pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
+@pytest.mark.parametrize("int_dtype", [torch.int64, torch.int32, torch.bool], ids=str)
+def test_integers_compared_with_floats_in_the_float_type(int_dtype, dynamic, monkeypatch):
+    """Eager compares an integer tensor with a float (a number or a float tensor) in the float
+    type: int64 16777217 == 16777216.0 is True, as float32 rounds it. torch-mlir compared
+    exactly, so every comparison past 2^24 could differ."""
+    def f(i, x):
+        return (i == 16777216.0, i > 16777216.0, i != 16777220.0, i <= 16777218.0, 16777216.0 < i,
+                i >= x, i == x[0], i.double() == 16777217.0, i == 2.5, i < 0.5)
+
+    run = _checked_here(f, dynamic, monkeypatch)
+    for n in (5, 70):
+        base = torch.tensor([16777217, 16777219, 16777216, 3, -16777217])
+        i = (base.repeat(n)[:n] + torch.arange(n) % 2).to(int_dtype)
+        x = torch.full((n,), 16777216.0) + torch.arange(n) % 3
+        for k, (o, r) in enumerate(zip(run(i, x), f(i, x))):
+            assert o.dtype == r.dtype and torch.equal(o, r), f"{k} at {n}: {o} | {r}"
+
+
 # Float fmod and floor division: torch-mlir computes a - trunc(a / b) * b and floor(a / b),
 # which round the quotient first, so 1.5 // 0.3 gave 5 (eager 4), fmod(1.5, 0.3) gave -6e-8
 # (eager 0.3), and a large number mod a small one was off by up to the divisor.
