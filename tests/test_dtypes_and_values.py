@@ -436,6 +436,41 @@ def test_int8_with_numbers_in_iree(name, dynamic, monkeypatch):
     assert boo_backend.placements() and all(p.island == 0 for p in boo_backend.placements())
 
 
+# Calls eager refuses and the fake kernels Dynamo traces with let through: a number that does
+# not fit the tensor's type (boo gave the wrapped value), and subtraction with bool tensors.
+_REFUSED = {
+    "where_past_int32": lambda c, x: torch.where(c, x, 2 ** 40) + 1,
+    "masked_fill_past_int32": lambda c, x: x.masked_fill(c, -2 ** 40) * 2,
+    "full_like_past_int16": lambda c, x: torch.full_like(x.short(), 40000) + x,
+    "clamp_past_int32": lambda c, x: x.clamp(max=2 ** 40),
+    "full_past_float32": lambda c, x: torch.full((x.shape[0],), 1e40) + x,
+    "bool_minus_int": lambda c, x: c - x,
+    "bool_minus_bool": lambda c, x: (c - c.flip(0)) | c,
+}
+_FITS = {
+    "where_at_int32_max": lambda c, x: torch.where(c, x, 2 ** 31 - 1) + 1,
+    "masked_fill_at_int32_min": lambda c, x: x.masked_fill(c, -2 ** 31),
+    "int_minus_bool_as_int": lambda c, x: x - c.int(),
+}
+
+
+@pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
+@pytest.mark.parametrize("name", list(_REFUSED) + list(_FITS))
+def test_calls_eager_refuses_raise_its_error(name, dynamic, monkeypatch):
+    fn = _REFUSED.get(name) or _FITS[name]
+    run = _checked_here(fn, dynamic, monkeypatch)
+    for n in (5, 70):
+        c, x = torch.arange(n) % 3 == 0, torch.arange(n, dtype=torch.int32) - 7
+        if name in _FITS:
+            assert torch.equal(run(c, x), fn(c, x))
+            continue
+        with pytest.raises(RuntimeError) as eager:
+            fn(c, x)
+        with pytest.raises(RuntimeError) as ours:
+            run(c, x)
+        assert str(eager.value).splitlines()[0] in str(ours.value), (eager.value, ours.value)
+
+
 @pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
 @pytest.mark.parametrize("int_dtype", [torch.int64, torch.int32, torch.bool], ids=str)
 def test_integers_compared_with_floats_in_the_float_type(int_dtype, dynamic, monkeypatch):
