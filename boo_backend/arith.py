@@ -254,7 +254,6 @@ def _floor_or_int_trunc(a, b, *, rounding_mode=None) -> bool:
     return _is_floor(a, b, rounding_mode=rounding_mode) or _is_int_trunc(a, b, rounding_mode=rounding_mode)
 
 
-
 def _int8_with_number(a, b, *args, **kwargs) -> bool:
     """An int8 result from an int8 tensor and a number: a Python int or a 0-d tensor of
     another integer type (`x * torch.tensor(3)`), either side."""
@@ -291,7 +290,6 @@ def _int8_in_int32(op):
     return rewrite
 
 
-
 def _compares_ints_as_floats(a, b) -> bool:
     """A comparison whose common dtype is a float one, with an integer or bool tensor in it."""
     return (_has_tensor(a, b) and torch.result_type(a, b).is_floating_point
@@ -312,6 +310,7 @@ def _compared_in(op):
         return op(a, b)
 
     return rewrite
+
 
 # op: (when a call needs the rewrite, the rewrite), tried before ARITH_REWRITES' own.
 INT8_REWRITES = {op: (_int8_with_number, _int8_in_int32(op)) for op in (

@@ -392,7 +392,6 @@ def _merged(*tables: dict) -> dict:
     return out
 
 
-
 # Ops whose eager kernels refuse some arguments that their fake kernels let through, so that
 # a traced graph computes what eager refuses: a number that does not fit the tensor's type
 # (`torch.where(c, int32_x, 2**40)`, `masked_fill`, `full`, `clamp` bounds; the wrapped value
@@ -451,9 +450,11 @@ def _raise_as_eager(op):
 
 REFUSAL_REWRITES = {op: (functools.partial(_refused, op), _raise_as_eager(op)) for op in _REFUSING}
 
+
 # op: (when a call needs the rewrite, the rewrite). Each rewrite also returns NotImplemented
 # for calls it leaves alone, because make_fx applies the whole table once any call needs it.
-_REWRITES = _merged(REFUSAL_REWRITES, INT8_REWRITES, F64_REWRITES, IN_F64, NAN_REWRITES, ARITH_REWRITES, HALF_REWRITES, {
+_REWRITES = _merged(REFUSAL_REWRITES, INT8_REWRITES, F64_REWRITES, IN_F64, NAN_REWRITES, ARITH_REWRITES,
+                    HALF_REWRITES, {
     aten.atan2.default: (lambda *a, **k: True, _atan2),
     aten.sum.dim_IntList: (_is_full, _first_of(
         _accumulate_in_f32(aten.sum.dim_IntList), _two_stage_reduction(aten.sum.dim_IntList))),
