@@ -398,4 +398,5 @@ class Assembly:
                                     remember_writes=store_writes, aten=aten)
         if function.driver:
             drivers[part] = function.driver
+        self.functions.append(function)
         return function

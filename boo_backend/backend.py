@@ -34,6 +34,8 @@ def boo(gm: fx.GraphModule, example_inputs, options: dict | None = None, **kwarg
     opts = Options.resolve({**(options or {}), **kwargs})
     composites.disabled(opts.force_decompose)  # an unknown composite name fails here, early
     graph_id = next(_graph_ids)
+    dynamos = gm
+    graphs: list[CompiledGraph] = []  # this graph's forward, backward or inference, once compiled
     matched = patterns.apply(gm, opts.force_decompose, opts.strict)
     if matched is not gm and hasattr(gm, "_backend_id"):
         matched._backend_id = gm._backend_id  # torch's precompile records the graph under it
@@ -52,7 +54,9 @@ def boo(gm: fx.GraphModule, example_inputs, options: dict | None = None, **kwarg
                 raise BooStrictError(f"boo strict: {kind} graph {name}: {e}") from e
             warnings.warn(f"{e} ({kind} graph {name})", BooFallbackWarning, stacklevel=2)
             return aot_cache.BooGraph(kind, make_boxed_func(graph.forward), None, opts, name)
-        return aot_cache.BooGraph(kind, CompiledGraph(graph, kind, opts, name), graph, opts, name)
+        compiled = CompiledGraph(graph, kind, opts, name)
+        graphs.append(compiled)
+        return aot_cache.BooGraph(kind, compiled, graph, opts, name)
 
     def compiler(kind: str):
         def compile_graph(graph, _example_inputs):
@@ -65,13 +69,44 @@ def boo(gm: fx.GraphModule, example_inputs, options: dict | None = None, **kwarg
     def rebuild(kind: str, graph: fx.GraphModule, whole=None):
         """A graph AOTAutograd's cache gave back (hops already inlined); `whole` loads it with
         its nodes' values where `graph` lacks them (aot_cache)."""
-        return CompiledGraph(graph, kind, opts, name_of(kind), whole)
+        compiled = CompiledGraph(graph, kind, opts, name_of(kind), whole)
+        graphs.append(compiled)
+        return compiled
 
     # AOTAutograd's own CSE pass costs ~0.5 s on a transformer layer's joint graph; IREE
     # runs CSE on every module anyway, so the warm start skips it.
     with (functorch_config.patch(cse=False), _attention_for(target_for(opts.target, example_inputs)),
           eager_indexing(), aot_cache.serving(opts, rebuild, aot_cache.keyable(gm))):
-        return _aot(opts, compiler)(gm, example_inputs)
+        compiled = _aot(opts, compiler)(gm, example_inputs)
+    if opts.compile_only or opts.strict:  # strict mode proves that IREE ran: no part chose ATen
+        return compiled
+    return _eager_once_aten_wins(compiled, dynamos, graphs, name_of("graph"))
+
+
+def _eager_once_aten_wins(compiled, dynamos: fx.GraphModule, graphs: list[CompiledGraph], name: str):
+    """`compiled` (AOTAutograd's function), until every graph of it has been built and each
+    of its IREE modules measured slower than ATen: from then on Dynamo's own graph, run in
+    eager PyTorch. Nothing of it would run in IREE, and AOTAutograd's decomposed graphs, op by
+    op, cost more than eager's own kernels and autograd (the MLP of bench/steps.py: 8% of its
+    step). A training graph waits for its backward."""
+    eager = None
+
+    def run(*args):
+        nonlocal eager
+        if eager is not None:
+            return eager(*args)
+        out = compiled(*args)
+        kinds = {g.kind for g in graphs}
+        if graphs and ("forward" not in kinds or "backward" in kinds) and all(g.on_aten_only() for g in graphs):
+            eager = dynamos.forward
+            log.info("boo %s: every part of %s measured faster in ATen; Dynamo's graph runs in eager PyTorch "
+                     "from now on", name, " and ".join(g.name for g in graphs))
+        return out
+
+    for attr in ("zero_grad", "named_parameters", "named_buffers", "serialize"):
+        if hasattr(compiled, attr):
+            setattr(run, attr, getattr(compiled, attr))
+    return run
 
 
 def _loaded(kind: str, graph: fx.GraphModule, opts: Options, name: str, whole=None):

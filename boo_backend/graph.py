@@ -33,7 +33,7 @@ from .verify import Verifier
 from .lower import Lowered
 from .partition import Plan, compute_nodes, is_symbolic
 from .part import IreePart, donate
-from .runtime import BooRuntimeError
+from .runtime import ATEN, BooRuntimeError
 from .placement import PLACEMENTS, Placement
 
 log = logging.getLogger("boo_backend")
@@ -137,6 +137,14 @@ class CompiledGraph(Assembly):
         self.aten_matmul = "never" if opts.compile_only and opts.aten_matmul == "auto" else opts.aten_matmul
         # Runtime drivers of the runner being built, by part; see Placement.drivers.
         self._drivers: dict[str, str] = {}
+        # Every IREE module loaded for the graph (all its runners): see on_aten_only.
+        self.functions: list = []
+
+    def on_aten_only(self) -> bool:
+        """Whether the graph has been built and each of its IREE modules was measured slower
+        than its own graph op by op in ATen (runtime.ATEN): nothing of it runs in IREE."""
+        return bool(self._runners or self._dynamic_runner) and all(
+            getattr(f, "driver", None) == ATEN for f in self.functions)
 
     def _key(self, args) -> tuple:
         return tuple(tuple(a.shape) if isinstance(a, torch.Tensor) else a for a in args)

@@ -693,7 +693,7 @@ def test_a_part_measured_faster_in_aten_runs_there_cold_and_warm(monkeypatch, tm
     ran.clear()
     x2 = torch.randn(16, 32)
     assert_close(compiled(x2, w), _gelu_scale(x2, w))
-    assert ran == ["aten"]
+    assert ran == []  # nothing of the graph runs in IREE: Dynamo's graph runs in eager
     assert torch.equal(x, before[0]) and torch.equal(w, before[1])
     # Warm: the lowering and the choice come from the disk cache, the graph unpickled.
     torch._dynamo.reset()
@@ -703,6 +703,42 @@ def test_a_part_measured_faster_in_aten_runs_there_cold_and_warm(monkeypatch, tm
     assert_close(torch.compile(_gelu_scale, backend="boo")(x2, w), _gelu_scale(x2, w))
     assert chosen == [] and ran == ["aten"], (chosen, ran)
     assert boo_backend.placements()[0].drivers == {"module": "aten"}
+
+
+def test_a_graph_wholly_measured_faster_in_aten_runs_as_dynamos_graph(monkeypatch, tmp_path, caplog):
+    """Once a training graph's forward and backward are built and every part of both was
+    measured faster in ATen, the steps after run Dynamo's own graph in eager PyTorch (eager's
+    kernels and autograd, not AOTAutograd's decomposed graphs op by op), with eager's loss and
+    gradients. Until the backward is built, the forward keeps boo's graph."""
+    monkeypatch.delenv("BOO_STRICT")
+    ran = _aten_measured_faster(monkeypatch)
+    _fresh_cache(monkeypatch, tmp_path)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(37, 67), torch.nn.LayerNorm(67), torch.nn.GELU(),
+                                torch.nn.Linear(67, 5))
+    run = torch.compile(model, backend="boo")
+    calls = []
+    caplog.set_level("INFO", logger="boo_backend")
+    for i in range(4):
+        x = torch.randn(131, 37)
+        ours = run(x)
+        if i == 0:  # the forward again before any backward: the backward is not built yet
+            assert_close(run(x), ours, "second forward")
+            assert ran and ran[-1] == "aten", ran  # the first call ran in IREE, then measured
+        ran.clear()
+        grads = torch.autograd.grad(ours.square().mean(), list(model.parameters()))
+        ref = model(x)
+        theirs = torch.autograd.grad(ref.square().mean(), list(model.parameters()))
+        assert_close(ours, ref, f"step {i}")
+        for g, r in zip(grads, theirs):
+            assert_close(g, r, f"step {i} gradient")
+        calls.append(list(ran))
+        ran.clear()
+    # The backward's part: its first call in IREE, measured, then in ATen. The switch comes at
+    # the second step's forward (its backward is still boo's); from the third step on, no IREE
+    # call and no ATen driver: Dynamo's graph in eager.
+    assert [[c.split("_")[0] for c in step] for step in calls] == [["iree:backward"], ["aten"], [], []], calls
+    assert sum("Dynamo's graph runs in eager PyTorch" in r.getMessage() for r in caplog.records) == 1
 
 
 def test_strict_mode_dynamic_parts_and_the_iree_setting_never_run_in_aten(monkeypatch, tmp_path):
