@@ -88,17 +88,20 @@ def _eager_once_aten_wins(compiled, dynamos: fx.GraphModule, graphs: list[Compil
     of its IREE modules measured slower than ATen: from then on Dynamo's own graph, run in
     eager PyTorch. Nothing of it would run in IREE, and AOTAutograd's decomposed graphs, op by
     op, cost more than eager's own kernels and autograd (the MLP of bench/steps.py: 8% of its
-    step). A training graph waits for its backward."""
-    eager = None
+    step). A training graph waits for its backward. Once a module has settled on IREE, the
+    calls go to `compiled` without looking again."""
+    chosen = None
 
     def run(*args):
-        nonlocal eager
-        if eager is not None:
-            return eager(*args)
+        nonlocal chosen
+        if chosen is not None:
+            return chosen(*args)
         out = compiled(*args)
         kinds = {g.kind for g in graphs}
-        if graphs and ("forward" not in kinds or "backward" in kinds) and all(g.on_aten_only() for g in graphs):
-            eager = dynamos.forward
+        if any(g.runs_in_iree() for g in graphs):
+            chosen = compiled
+        elif graphs and ("forward" not in kinds or "backward" in kinds) and all(g.on_aten_only() for g in graphs):
+            chosen = dynamos.forward
             log.info("boo %s: every part of %s measured faster in ATen; Dynamo's graph runs in eager PyTorch "
                      "from now on", name, " and ".join(g.name for g in graphs))
         return out

@@ -146,6 +146,11 @@ class CompiledGraph(Assembly):
         return bool(self._runners or self._dynamic_runner) and all(
             getattr(f, "driver", None) == ATEN for f in self.functions)
 
+    def runs_in_iree(self) -> bool:
+        """Whether a module of the graph has settled on an IREE driver: it never runs on ATen
+        only then (a driver, once chosen, stays)."""
+        return any(getattr(f, "driver", None) not in (None, ATEN) for f in self.functions)
+
     def _key(self, args) -> tuple:
         return tuple(tuple(a.shape) if isinstance(a, torch.Tensor) else a for a in args)
 
