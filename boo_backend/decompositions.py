@@ -461,7 +461,42 @@ def _dist(input, other, p=2):
     return aten.norm.Scalar(aten.sub.Tensor(input, other), p)
 
 
+def _from_the_start(op):
+    """torch._decomp's `op` (index_add, index_copy) refusing a negative index as eager does.
+    Their decompositions become an index_put, which counts an index from the end, so
+    `x.index_add(0, tensor([-1]), s)` added into x's last row where eager raises IndexError.
+    The assert becomes the part's index check (checks.py)."""
+    from torch._decomp import decomposition_table
+
+    theirs = decomposition_table[op]
+
+    def run(x, dim, index, *args, **kwargs):
+        aten._assert_async.msg(aten.all.default(aten.ge.Scalar(index, 0)), "index")
+        return theirs(x, dim, index, *args, **kwargs)
+
+    return run
+
+
+def _counted_from_the_end(op):
+    """torch._decomp's index_fill, which eager lets count an index from the end: its
+    decomposition is an index_copy (_from_the_start), so the index is made non-negative first."""
+    from torch._decomp import decomposition_table
+
+    theirs = decomposition_table[op]
+
+    def run(x, dim, index, *args, **kwargs):
+        n = x.shape[dim] if x.dim() else 1
+        return theirs(x, dim, aten.where.self(aten.lt.Scalar(index, 0), aten.add.Scalar(index, n), index),
+                      *args, **kwargs)
+
+    return run
+
+
 AOT = {
+    aten.index_fill.int_Scalar: _counted_from_the_end(aten.index_fill.int_Scalar),
+    aten.index_fill.int_Tensor: _counted_from_the_end(aten.index_fill.int_Tensor),
+    aten.index_add.default: _from_the_start(aten.index_add.default),
+    aten.index_copy.default: _from_the_start(aten.index_copy.default),
     aten._scaled_dot_product_flash_attention_for_cpu.default: _flash_attention_cpu,
     aten._scaled_mm.default: _scaled_mm,
     aten.dist.default: _dist,

@@ -40,18 +40,13 @@ _OPS = {
 }
 
 
-# Ops that eager refuses a negative index for, and that boo computes as one counted from the
-# end (they become index_put, whose indices are wrapped: rewrites._index_put_wrapped). Past
-# either end they raise.
-_WRAPPED = {"index_add", "index_copy"}
-
-
-def _cases(negatives: bool, below_start: bool):
+def _cases(negatives: bool):
     """(indices, whether eager raises) over ROWS rows, in this order: fine, too high, fine,
-    too low (past the start: -ROWS - 1 where `below_start`, else -1), fine (a good call after
-    a refused one works), and where `negatives`, counted from the end."""
+    too low (past the start: -ROWS - 1 where `negatives`, else -1, which index_add and
+    index_copy refuse too, though torch's decompositions of them count it from the end), fine
+    (a good call after a refused one works), and where `negatives`, counted from the end."""
     fine = torch.tensor([0, ROWS - 1, 5, 30, 5])
-    low = torch.tensor([3, -ROWS - 1, 2]) if below_start else torch.tensor([3, -1, 2])
+    low = torch.tensor([3, -ROWS - 1, 2]) if negatives else torch.tensor([3, -1, 2])
     cases = [(fine, False), (torch.tensor([1, ROWS, 4]), True), (torch.tensor([2, ROWS - 2, 60]), False),
              (low, True), (fine[:3], False)]
     if negatives:
@@ -63,13 +58,12 @@ def _cases(negatives: bool, below_start: bool):
 @pytest.mark.parametrize("name", list(_OPS))
 def test_an_index_out_of_range_raises_as_in_eager(name, dynamic, monkeypatch):
     fn, negatives = _OPS[name]
-    low_below_start = negatives or name in _WRAPPED
     monkeypatch.setenv("BOO_VERIFY", "off")  # the test compares; eager itself raises on the bad cases
     torch._dynamo.reset()
     boo_backend.reset()
     run = torch.compile(fn, backend="boo", dynamic=dynamic)
     for dtype in (torch.int64, torch.int32):
-        for i, raises in _cases(negatives, low_below_start):
+        for i, raises in _cases(negatives):
             i = i.to(dtype)
             x = torch.randn(ROWS, COLS)
             if raises:
