@@ -492,7 +492,15 @@ def _counted_from_the_end(op):
     return run
 
 
+def _leaky_relu(x, negative_slope=0.01):
+    """x where x > 0, else x times the slope, as eager's kernel computes it. torch-mlir's
+    lowering adds the two clamped halves, so a zero lost its sign (eager: leaky_relu(0.0, -0.5)
+    is -0.0)."""
+    return aten.where.self(aten.gt.Scalar(x, 0), x, aten.mul.Scalar(x, negative_slope))
+
+
 AOT = {
+    aten.leaky_relu.default: _leaky_relu,
     aten.index_fill.int_Scalar: _counted_from_the_end(aten.index_fill.int_Scalar),
     aten.index_fill.int_Tensor: _counted_from_the_end(aten.index_fill.int_Tensor),
     aten.index_add.default: _from_the_start(aten.index_add.default),

@@ -2,6 +2,7 @@
 (issue 19): mixed-dtype backward ops, float8 tensors, nearest upsampling whose sizes do not
 divide, scatters into slices with negative bounds. Strict mode: all of it runs in IREE."""
 
+import functools
 import math
 import warnings
 
@@ -365,6 +366,26 @@ def test_nan_comes_out_where_eager_gives_it(name, dynamic, dtype, monkeypatch):
         ours, theirs = run(x), fn(x)
         assert _same_with_nans(ours, theirs), f"{name} ({'dynamic' if dynamic else 'static'}) at {(rows, n)}: {ours} | {theirs}"
     assert all(p.island == 0 for p in boo_backend.placements())
+
+
+@pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_leaky_relu_as_eager(dtype, dynamic, monkeypatch):
+    """x where x > 0, else x times the slope, rounded once: torch-mlir's lowering added two
+    clamped halves, which gave +0.0 for leaky_relu(0.0, -0.5) (eager: -0.0), and in bf16 it
+    rounded twice (-0.00964 where eager gives -0.00958)."""
+    for slope in (-0.5, 0.01):
+        fn = functools.partial(F.leaky_relu, negative_slope=slope)
+        run = _checked_here(fn, dynamic, monkeypatch)
+        for rows, n in [(3, 7), (5, 131)]:
+            x = _with_nans(rows, n, dtype)
+            x[0, 0] = 0.0
+            x.requires_grad_()
+            ours, theirs = run(x), fn(x)
+            assert _same_numbers(ours, theirs), f"slope {slope} at {(rows, n)}: {ours} | {theirs}"
+            g = torch.randn_like(theirs)
+            assert _same_numbers(*(torch.autograd.grad(y, x, g)[0] for y in (ours, theirs)))
+        assert all(p.island == 0 for p in boo_backend.placements())
 
 
 @pytest.mark.parametrize("name", ["clamp", "clamp_tensor_bounds", "hardtanh", "maximum"])
