@@ -18,7 +18,7 @@ import re
 import torch
 import torch.fx as fx
 
-from . import blocks, extern, fusions, match, schedule
+from . import blocks, extern, fusions, hops, match, schedule
 from .cache import timed, write_atomic
 from .compile import (
     BooCompileError, Target, compile_flags, compile_mlir, computes_in_f64, has_dynamic_dims, precompile,
@@ -236,7 +236,7 @@ class Assembly:
             call = node.meta.pop(match.META_KEY, None)
             if call is not None:
                 composites.remove(call.entry.name)
-        extern_nodes |= sorts_apart(graph)
+        extern_nodes |= sorts_apart(graph) | hops.seeds(graph)
         extern_nodes = extern.fold_adds(graph, extern_nodes)
         places = node_places(graph, plan, extern_nodes)
         aten = sum(p == "aten" and n.target is not operator.getitem for n, p in places.items())

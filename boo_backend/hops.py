@@ -6,10 +6,15 @@ but config, symbolic and checks (leaves too).
 - cond: both branches inlined and their results selected with `where` (cond's branches are
   pure and return alike; an IREE module has no branches to skip). In the branch not taken,
   each index is 0 and each integer divisor 1, so that its checks do not raise.
+- random ops (dropout, rand, randn, bernoulli, ...; SEEDED): drawn from a counter-based
+  generator keyed by a seed that the graph draws from torch's generator once per call
+  (`boo::seeds`, an ATen kernel), each op from a seed of its own. IREE's own generator starts
+  every module from the same fixed seed: torch.manual_seed changed nothing, and two graphs
+  (two dropouts on either side of a graph break) drew the same masks at every step.
 - run_and_save_rng_state / run_with_rng_state (activation checkpointing around randomness):
   the saved "state" becomes random bytes drawn in the forward, and the random ops that the
-  op (or subgraph) runs draw from a counter-based generator keyed by those bytes, so that
-  the backward's recomputation draws exactly the forward's numbers.
+  op (or subgraph) runs draw from the same generator keyed by those bytes, so that the
+  backward's recomputation draws exactly the forward's numbers.
 - auto_functionalized (a custom op that mutates its input): the op on a copy of what it
   mutates; the op itself then runs as an eager island, as any custom op does.
 - while_loop and any other: refused with an error naming the op (the graph then runs in
@@ -20,6 +25,8 @@ through an interpreter that runs these rewrites.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 import torch.fx as fx
@@ -56,9 +63,55 @@ def uniform(seed: torch.Tensor, shape, dtype: torch.dtype, device) -> torch.Tens
     h = aten.mul.Scalar(aten.bitwise_xor.Tensor(h, _shr(h, 30)), _MIX1)
     h = aten.mul.Scalar(aten.bitwise_xor.Tensor(h, _shr(h, 27)), _MIX2)
     h = aten.bitwise_xor.Tensor(h, _shr(h, 31))
-    bits, wide = (53, torch.float64) if dtype == torch.float64 else (24, torch.float32)
-    u = aten.mul.Scalar(aten._to_copy.default(_shr(h, 64 - bits), dtype=wide), 2.0 ** -bits)
+    # as many bits as the type holds exactly, so that no value rounds up to 1
+    bits = {torch.float64: 53, torch.float16: 11, torch.bfloat16: 8}.get(dtype, 24)
+    u = aten.mul.Scalar(aten._to_copy.default(_shr(h, 64 - bits), dtype=_wide(dtype)), 2.0 ** -bits)
     return aten.reshape.default(aten._to_copy.default(u, dtype=dtype), list(shape))
+
+
+def _wide(dtype: torch.dtype) -> torch.dtype:
+    return torch.float64 if dtype in (torch.float64, torch.int64) else torch.float32
+
+
+def normal(seed: torch.Tensor, shape, dtype: torch.dtype, device) -> torch.Tensor:
+    """Standard normal numbers (Box-Muller) from two uniform streams of `seed`."""
+    wide = _wide(dtype)
+    u = uniform(seed, shape, wide, device)
+    v = uniform(aten.bitwise_not.default(seed), shape, wide, device)
+    radius = aten.sqrt.default(aten.mul.Scalar(aten.log.default(aten.rsub.Scalar(u, 1.0)), -2.0))
+    return aten._to_copy.default(aten.mul.Tensor(radius, aten.cos.default(aten.mul.Scalar(v, 2 * math.pi))),
+                                 dtype=dtype)
+
+
+def _integers(seed, low, high, shape, dtype, device):
+    """Integers in [low, high) from uniform float64 numbers."""
+    u = uniform(seed, shape, torch.float64, device)
+    drawn = aten.floor.default(aten.add.Scalar(aten.mul.Scalar(u, high - low), low))
+    return aten._to_copy.default(aten.clamp.default(drawn, low, high - 1), dtype=dtype)
+
+
+@torch.library.custom_op("boo::seeds", mutates_args=(), schema="(Device device, int count) -> Tensor[]",
+                         tags=(torch.Tag.nondeterministic_seeded,))
+def host_seeds(device: torch.device, count: int) -> list[torch.Tensor]:
+    """`count` 0-d int64 tensors drawn from torch's generator of `device`: the seeds of a
+    graph's random ops, one each, drawn once per call as an ATen kernel (assemble places it
+    so). One op hands each its own seed, so that the IREE parts of repeated blocks take
+    their seeds as inputs and stay alike (blocks.py)."""
+    drawn = torch.randint(-(1 << 63), (1 << 63) - 1, (count,), dtype=torch.int64, device=device)
+    return [drawn[i].clone() for i in range(count)]
+
+
+@host_seeds.register_fake
+def _(device, count):
+    return [torch.empty((), dtype=torch.int64, device=device) for _ in range(count)]
+
+
+SEED = torch.ops.boo.seeds.default
+
+
+def seeds(gm: fx.GraphModule) -> set[fx.Node]:
+    """The nodes of `gm` that draw a seed from torch's generator (they run in ATen)."""
+    return {n for n in gm.graph.nodes if n.op == "call_function" and n.target is SEED}
 
 
 def _dropout(seed, x, p, train):
@@ -78,6 +131,25 @@ SEEDED = {
     aten.rand_like.default: lambda seed, x, *, dtype=None, **kw: uniform(seed, x.shape, dtype or x.dtype, x.device),
     aten.rand.default: lambda seed, size, *, dtype=None, device=None, **kw: uniform(
         seed, size, dtype or torch.float32, device or "cpu"),
+    aten.uniform.default: lambda seed, x, low=0.0, high=1.0, *, generator=None: aten._to_copy.default(
+        aten.add.Scalar(aten.mul.Scalar(uniform(seed, x.shape, _wide(x.dtype), x.device), high - low), low),
+        dtype=x.dtype),
+    aten.exponential.default: lambda seed, x, lambd=1.0, *, generator=None: aten._to_copy.default(
+        aten.div.Scalar(aten.neg.default(aten.log.default(aten.rsub.Scalar(
+            uniform(seed, x.shape, _wide(x.dtype), x.device), 1.0))), lambd), dtype=x.dtype),
+    aten.randn_like.default: lambda seed, x, *, dtype=None, **kw: normal(seed, x.shape, dtype or x.dtype, x.device),
+    aten.randn.default: lambda seed, size, *, dtype=None, device=None, **kw: normal(
+        seed, size, dtype or torch.float32, device or "cpu"),
+    aten.normal_functional.default: lambda seed, x, mean=0.0, std=1.0, *, generator=None: aten._to_copy.default(
+        aten.add.Scalar(aten.mul.Scalar(normal(seed, x.shape, _wide(x.dtype), x.device), std), mean), dtype=x.dtype),
+    aten.randint.low: lambda seed, low, high, size, *, dtype=None, device=None, **kw: _integers(
+        seed, low, high, size, dtype or torch.int64, device or "cpu"),
+    aten.randint.default: lambda seed, high, size, *, dtype=None, device=None, **kw: _integers(
+        seed, 0, high, size, dtype or torch.int64, device or "cpu"),
+    aten.randint_like.default: lambda seed, x, high, *, dtype=None, **kw: _integers(
+        seed, 0, high, x.shape, dtype or x.dtype, x.device),
+    aten.randint_like.low_dtype: lambda seed, x, low, high, *, dtype=None, **kw: _integers(
+        seed, low, high, x.shape, dtype or x.dtype, x.device),
 }
 
 
@@ -93,13 +165,18 @@ def _is_random(op) -> bool:
 
 
 class _Run(fx.Interpreter):
-    """Runs a graph (under make_fx), higher-order ops by the rewrites; with `seed`, random
-    ops draw from it (SEEDED)."""
+    """Runs a graph (under make_fx), higher-order ops by the rewrites; random ops draw
+    (SEEDED) from the next of `seeds` (the host's, a list this run and the runs of its
+    subgraphs take from), then from the one after the last drawn. `replay`: `seed` is a
+    checkpointed region's saved state, from which its random ops draw in turn, and must all
+    draw again alike in the backward; else ops that SEEDED lacks draw as they did."""
 
     def __init__(self, gm: fx.GraphModule, seed=None, state_bytes: int = 5056, region: str | None = None,
-                 taken=None):
+                 taken=None, replay: bool = False, seeds: list | None = None):
         super().__init__(gm)
         self.seed = seed
+        self.seeds = seeds
+        self.replay = replay
         # Inside a branch of cond: a 0-d bool tensor, whether this branch is the one taken.
         self.taken = taken
         # The module stack the nodes traced here get (one per invoke_subgraph call), so that
@@ -117,19 +194,34 @@ class _Run(fx.Interpreter):
                                "(boo lowers invoke_subgraph, cond, checkpointing's rng ops and "
                                "auto_functionalized); the graph runs in eager PyTorch")
             return rewrite(*args, **kwargs)
-        if self.seed is not None and _is_random(target) and not _draws_nothing(target, args, kwargs):
-            if target not in SEEDED:
+        if self._seeded() and _is_random(target) and not _draws_nothing(target, args, kwargs):
+            if target in SEEDED:
+                return SEEDED[target](self._next_seed(), *args, **kwargs)
+            if self.replay:
                 raise BooError(f"boo: {target} under activation checkpointing draws numbers boo cannot "
-                               "draw again in the backward (it can for dropout, bernoulli and rand)")
-            self.seed = self.seed + 1  # a new stream for each random op of the region
-            return SEEDED[target](self.seed, *args, **kwargs)
+                               "draw again in the backward (it can for dropout, bernoulli, rand and randn)")
         if self.taken is not None:
             args = _harmless_unless_taken(target, list(args), self.taken)
         return super().call_function(target, args, kwargs)
 
+    def _seeded(self) -> bool:
+        return self.seed is not None or bool(self.seeds)
+
+    def _next_seed(self):
+        """A new stream for each random op."""
+        self.seed = self.seeds.pop(0) if self.seeds and not self.replay else aten.add.Scalar(self.seed, 1)
+        return self.seed
+
     def _sub(self, graph, args, seed=None, region=None, taken=None):
-        return _Run(graph, seed, self.state_bytes, region or self.region,
-                    self.taken if taken is None else taken).run(*args)
+        """`graph` run on `args`; its random ops draw from `seed` (a checkpointed region's
+        state), else as this graph's would, and this graph's draw on after theirs."""
+        replay = self.replay if seed is None else True
+        run = _Run(graph, self.seed if seed is None else seed, self.state_bytes, region or self.region,
+                   self.taken if taken is None else taken, replay, None if replay else self.seeds)
+        out = run.run(*args)
+        if seed is None:
+            self.seed = run.seed
+        return out
 
     def run_node(self, n):
         if self.region is None:
@@ -159,7 +251,9 @@ class _Run(fx.Interpreter):
         return select(ours, theirs)
 
     def _run_and_save_rng_state(self, op, *args, **kwargs):
-        state = aten._to_copy.default(aten.mul.Scalar(aten.rand.default([self.state_bytes]), 256.0), dtype=torch.uint8)
+        drawn = (uniform(self._next_seed(), [self.state_bytes], torch.float32, "cpu") if self._seeded()
+                 else aten.rand.default([self.state_bytes]))
+        state = aten._to_copy.default(aten.mul.Scalar(drawn, 256.0), dtype=torch.uint8)
         return state, self._run_with_rng_state(state, op, *args, **kwargs)
 
     def _run_with_rng_state(self, state, op, *args, **kwargs):
@@ -172,7 +266,7 @@ class _Run(fx.Interpreter):
         if isinstance(op, fx.GraphModule):
             return self._sub(op, args, seed)
         if _is_random(op):
-            return _Run(_single(op, len(args), kwargs), seed).run(*args)
+            return _Run(_single(op, len(args), kwargs), seed, replay=True).run(*args)
         return op(*args, **kwargs)
 
     def _auto_functionalized(self, op, **kwargs):
@@ -243,10 +337,29 @@ def has_higher_order_ops(gm: fx.GraphModule) -> bool:
                for n in gm.graph.nodes)
 
 
+def _draws(gm: fx.GraphModule) -> int:
+    """How many seeds `gm` may draw: one for each call of a random op that SEEDED draws and
+    each random state saved (checkpointing), in `gm` and in each call of a graph it calls."""
+    count = 0
+    for n in gm.graph.nodes:
+        if n.op != "call_function":
+            continue
+        count += n.target in SEEDED or n.target is torch.ops.higher_order.run_and_save_rng_state
+        for a in n.args:
+            if isinstance(a, fx.Node) and a.op == "get_attr" and isinstance(sub := getattr(gm, a.target, None), fx.GraphModule):
+                count += _draws(sub)
+    return count
+
+
+def _device(values) -> torch.device:
+    return next((v.device for v in values if isinstance(v, torch.Tensor)), torch.device("cpu"))
+
+
 def inline(gm: fx.GraphModule) -> fx.GraphModule:
-    """`gm` traced again with its higher-order ops rewritten (see the module's docstring);
-    `gm` itself when it has none."""
-    if not has_higher_order_ops(gm):
+    """`gm` traced again with its higher-order ops rewritten and its random ops drawn from a
+    seed of torch's generator (see the module's docstring); `gm` itself when it has neither."""
+    draws = _draws(gm)
+    if not draws and not has_higher_order_ops(gm):
         return gm
     state_bytes = 5056
     for n in gm.graph.nodes:
@@ -258,4 +371,6 @@ def inline(gm: fx.GraphModule) -> fx.GraphModule:
     values = placeholder_values(gm)
     fake_mode = detect_fake_mode(values)
     with fake_mode, fx_traceback.preserve_node_meta():  # module stacks, for blocks.block_labels
-        return make_fx(lambda *a: _Run(gm, state_bytes=state_bytes).run(*a), tracing_mode="real")(*values)
+        return make_fx(lambda *a: _Run(gm, state_bytes=state_bytes,
+                                       seeds=list(host_seeds(_device(a), draws)) if draws else None).run(*a),
+                       tracing_mode="real")(*values)

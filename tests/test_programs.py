@@ -4,7 +4,7 @@ no eager islands: a GPT with AdamW and gradient clipping, a CNN with dropout and
 VAE, a GAN with transposed convolutions, an LSTM and a GRU language model, a float64 model
 trained with LBFGS, bf16 autocast, activation checkpointing, and a compiled whole step.
 
-Randomness (dropout) draws from IREE's generator, not eager's, so programs with dropout are
+Randomness (dropout) draws from boo's generator, not eager's, so programs with dropout are
 compared with it off (model.eval() for the comparison, train() for the strict run)."""
 
 import copy
@@ -133,7 +133,7 @@ def test_cnn_with_dropout_and_nll_loss():
         return model, torch.optim.Adadelta(model.parameters(), lr=1.0)
 
     _compare(make, batches, _sgd_step(loss_fn))
-    # and in train mode (dropout from IREE's generator): it runs in IREE and learns
+    # and in train mode (dropout from boo's generator): it runs in IREE and learns
     torch.manual_seed(0)
     model = Net().train()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
