@@ -45,6 +45,17 @@ _BOOL_WRONG = frozenset({
 _ALWAYS_WRONG = frozenset({aten.logcumsumexp.default})
 
 
+# torch-mlir's embedding_bag in "sum" mode (mode 0) drops per_sample_weights and
+# padding_idx: it gave the unweighted sum, padding rows included (with symbolic sizes; with
+# static ones the compiler refuses it).
+_EMBEDDING_BAGS = frozenset({aten._embedding_bag.default, aten._embedding_bag_forward_only.default})
+
+
+def _weighted_sum(weight, indices, offsets, scale_grad_by_freq=False, mode=0, sparse=False,
+                  per_sample_weights=None, include_last_offset=False, padding_idx=-1) -> bool:
+    return mode == 0 and (per_sample_weights is not None or padding_idx not in (None, -1))
+
+
 # Ops that torch-mlir lowers to an in-place sort of the values and of an iota of indices.
 _SORTS = frozenset({aten.sort.default, aten.sort.stable, aten.topk.default})
 
@@ -99,11 +110,11 @@ def _unsigned_alone(node: fx.Node, unsigned: set) -> bool:
 def wrong_in_iree(node: fx.Node) -> bool:
     """Whether IREE would compute `node` wrongly for its dtypes, so that it must run in eager:
     unsigned integers outside _UNSIGNED_SAFE, bools in _BOOL_WRONG, ops in _ALWAYS_WRONG,
-    and boolean-mask index_put that rewrites.PRE_LOWERING could not rewrite."""
+    weighted or padded embedding_bag sums, and boolean-mask index_put that rewrites.PRE_LOWERING could not rewrite."""
     if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
         return False
     op = node.target
-    if op in _ALWAYS_WRONG:
+    if op in _ALWAYS_WRONG or (op in _EMBEDDING_BAGS and _weighted_sum(*node.args, **node.kwargs)):
         return True
     vals = [a.meta.get("val") for a in node.all_input_nodes]
     dtypes = {v.dtype for v in vals if isinstance(v, torch.Tensor)}

@@ -4,6 +4,7 @@ A test marked `xfail(strict=True)` runs IREE the way that is wrong: when a new I
 bug, it passes, fails as XPASS, and says that the workaround can go.
 """
 
+import contextlib
 import dataclasses
 
 import numpy as np
@@ -426,3 +427,35 @@ def test_a_dispatch_that_needs_more_stack_compiles_and_runs(dynamic, monkeypatch
                                    msg=f"grad at {rows} rows")
     placed = boo_backend.placements()
     assert placed and not any(p.island or p.recovered for p in placed), [p.line() for p in placed]
+
+
+@pytest.mark.parametrize("weighted, padding_idx", [(True, None), (False, 2), (True, 2)], ids=["weights", "padding", "both"])
+def test_weighted_and_padded_embedding_bag_sums_as_eager(weighted, padding_idx, monkeypatch):
+    """torch-mlir's embedding_bag sum drops per_sample_weights and padding_idx with symbolic
+    sizes (the unweighted sum, padding rows included, with no warning): such a sum runs in
+    eager (miscompiles.wrong_in_iree), with a warning; forward and backward match eager's
+    at every size."""
+    import boo_backend
+
+    monkeypatch.setenv("BOO_VERIFY", "off")
+    monkeypatch.setenv("BOO_STRICT", "0")
+
+    def bags(w, i, o, p):
+        return torch.nn.functional.embedding_bag(i, w, o, mode="sum", per_sample_weights=p, padding_idx=padding_idx)
+
+    boo_backend.reset()
+    torch._dynamo.reset()
+    run = torch.compile(bags, backend="boo", dynamic=True)
+    for n, k in ((37, 8), (129, 23), (1000, 61)):
+        g = torch.Generator().manual_seed(n)
+        w = torch.randn(n, 5, generator=g, requires_grad=True)
+        i, o = torch.randint(0, 7, (k,), generator=g), torch.tensor([0, 3, k // 2])
+        p = torch.randn(k, generator=g, requires_grad=True) if weighted else None
+        with pytest.warns(boo_backend.BooFallbackWarning, match="_embedding_bag") if n == 37 else contextlib.nullcontext():
+            ours = run(w, i, o, p)
+        theirs = bags(w, i, o, p)
+        torch.testing.assert_close(ours, theirs)
+        upstream = torch.randn(theirs.shape, generator=g)
+        leaves = (w, p) if weighted else (w,)
+        for a, b in zip(torch.autograd.grad(ours, leaves, upstream), torch.autograd.grad(theirs, leaves, upstream)):
+            torch.testing.assert_close(a, b)
