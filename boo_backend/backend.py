@@ -18,7 +18,7 @@ from torch._functorch.aot_autograd import make_boxed_func
 from torch._functorch import config as functorch_config
 from torch._functorch.partitioners import default_partition, min_cut_rematerialization_partition
 
-from . import aot_cache, composites, hops, match, patterns, precompile
+from . import aot_cache, composites, hops, match, patterns, precompile, refusals
 from .compile import Target, target_for
 from .config import BooError, BooFallbackWarning, BooStrictError, Options
 from .decompositions import eager_indexing
@@ -34,6 +34,11 @@ def boo(gm: fx.GraphModule, example_inputs, options: dict | None = None, **kwarg
     opts = Options.resolve({**(options or {}), **kwargs})
     composites.disabled(opts.force_decompose)  # an unknown composite name fails here, early
     graph_id = next(_graph_ids)
+    refused = refusals.refused_in_place(gm)
+    if refused is not None:  # eager raises it where the call is made; functionalized, it would not
+        log.info("boo graph %03d: eager refuses one of its in-place calls (%s); it runs as Dynamo's graph in eager",
+                 graph_id, refused)
+        return gm.forward
     dynamos = gm
     graphs: list[CompiledGraph] = []  # this graph's forward, backward or inference, once compiled
     matched = patterns.apply(gm, opts.force_decompose, opts.strict)

@@ -268,8 +268,16 @@ def _transposed_convolution_backward(grad, x, weight, bias_sizes, stride, paddin
 
 def _fma(a, b, c):
     """Dynamo's form of addcmul_/addcdiv_ with value= and add_ with a tensor alpha (every
-    Adam-family step): a * b + c. Eager computes those ops unfused too."""
+    Adam-family step): a * b + c. Eager computes those ops unfused too, with a number `b`
+    first converted to the tensors' type: for integers, `x.addcmul_(y, y, value=0.5)` leaves
+    x as it is (b * a in float, truncated when copied back, gave x + y * y / 2)."""
+    if isinstance(b, float) and all(isinstance(t, torch.Tensor) and _integral(t.dtype) for t in (a, c)):
+        b = int(b)
     return a * b + c
+
+
+def _integral(dtype: torch.dtype) -> bool:
+    return not dtype.is_floating_point and not dtype.is_complex and dtype != torch.bool
 
 
 def _per_tensor(op, base):
@@ -499,7 +507,20 @@ def _leaky_relu(x, negative_slope=0.01):
     return aten.where.self(aten.gt.Scalar(x, 0), x, aten.mul.Scalar(x, negative_slope))
 
 
+def _addcmul(self, tensor1, tensor2, *, value=1):
+    """torch._decomp's addcmul with `value` first converted to the result's type, as eager's
+    kernel does: for integers, value=0.5 is 0 and 2.7 is 2 (the decomposition refused a float
+    value for integer tensors, and its in-place form added 0.5 * t1 * t2 and truncated)."""
+    from torch._decomp import decomposition_table
+
+    dtype = functools.reduce(torch.promote_types, (self.dtype, tensor1.dtype, tensor2.dtype))
+    if isinstance(value, float) and _integral(dtype):
+        value = int(value)
+    return decomposition_table[aten.addcmul.default](self, tensor1, tensor2, value=value)
+
+
 AOT = {
+    aten.addcmul.default: _addcmul,
     aten.leaky_relu.default: _leaky_relu,
     aten.index_fill.int_Scalar: _counted_from_the_end(aten.index_fill.int_Scalar),
     aten.index_fill.int_Tensor: _counted_from_the_end(aten.index_fill.int_Tensor),

@@ -48,7 +48,7 @@ class Placement:
             f"{self.decomposed} decomposed at FX level, {self.island} in eager islands"
         )
         if self.aten:
-            text += f", {self.aten} left to ATen (matmul kernels, views and copies)"
+            text += f", {self.aten} left to ATen (matmul kernels, views and copies, random seeds)"
         if self.island_ops:
             text += f" [{', '.join(self.island_ops)}]"
         if self.recovered:

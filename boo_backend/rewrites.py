@@ -1,7 +1,8 @@
 """Pre-lowering rewrites: ATen calls that IREE 3.13 or torch-mlir get wrong, compile forever,
 or crash on, rewritten into ATen calls they get right. Imports only arith (integer and
 float division, remainders, shifts), f64 (float64 math), halves (f16/bf16 accumulated in
-f32), nans (NaN that torch-mlir's lowerings drop), pooling and symbolic, all leaves.
+f32), nans (NaN that torch-mlir's lowerings drop), refusals (calls eager refuses), pooling
+and symbolic, all leaves.
 
 Each entry of PRE_LOWERING returns NotImplemented for the calls it leaves alone, because
 make_fx applies the whole table once `needs_pre_lowering` says that some call needs it.
@@ -20,6 +21,7 @@ from .halves import HALF_REWRITES, _accumulate_in_f32, _is_half
 from .f64 import F64_REWRITES, IN_F64, _negative
 from .nans import NAN_REWRITES, _inner, _nested
 from .pooling import ceil_mode_avg_pool
+from .refusals import REFUSAL_REWRITES
 from .symbolic import expr, is_row_major
 
 aten = torch.ops.aten
@@ -390,65 +392,6 @@ def _merged(*tables: dict) -> dict:
                 needs, rewrite = _either(out[op][0], needs), _first_of(out[op][1], rewrite)
             out[op] = (needs, rewrite)
     return out
-
-
-# Ops whose eager kernels refuse some arguments that their fake kernels let through, so that
-# a traced graph computes what eager refuses: a number that does not fit the tensor's type
-# (`torch.where(c, int32_x, 2**40)`, `masked_fill`, `full`, `clamp` bounds; the wrapped value
-# came back), and subtraction with bool tensors. Each call is tried in eager on empty
-# tensors of its arguments' dtypes and ranks; an error of one of these kinds is raised at run
-# time, with eager's message (an assert that checks.py turns into a flag).
-_REFUSING = frozenset({
-    aten.scalar_tensor.default, aten.full.default, aten.full_like.default, aten.new_full.default,
-    aten.fill.Scalar, aten.masked_fill.Scalar, aten.index_fill.int_Scalar, aten.scatter.value,
-    aten.clamp.default, aten.clamp_min.default, aten.clamp_max.default,
-    aten.sub.Tensor, aten.sub.Scalar, aten.rsub.Tensor, aten.rsub.Scalar,
-})
-_REFUSALS = ("without overflow", "with a bool tensor is not supported", "with two bool tensors is not supported")
-
-
-def _refusal(op, args, kwargs) -> str | None:
-    """Eager's message where it refuses this call of `op` for its dtypes or numbers."""
-    values = (*args, *kwargs.values())
-    numbers = any(type(v) in (int, float, bool) for v in values)
-    bools = any(isinstance(v, torch.Tensor) and v.dtype == torch.bool for v in values)
-    if not (numbers or bools) or any(isinstance(v, torch.SymInt | torch.SymFloat) for v in values):
-        return None
-    from torch._subclasses.fake_tensor import unset_fake_temporarily
-    from torch.fx.experimental.proxy_tensor import disable_proxy_modes_tracing
-
-    def empty(v):  # sizes (full's) become 0 too: nothing is allocated
-        if isinstance(v, torch.Tensor):
-            return torch.empty((0,) * v.dim(), dtype=v.dtype)
-        return [0 if isinstance(x, int | torch.SymInt) else empty(x) for x in v] if isinstance(v, list | tuple) else v
-
-    with disable_proxy_modes_tracing(), unset_fake_temporarily():
-        try:
-            op(*[empty(a) for a in args], **{k: "cpu" if k == "device" else empty(v) for k, v in kwargs.items()})
-        except RuntimeError as e:
-            message = str(e).splitlines()[0] if str(e) else ""
-            return message if any(r in message for r in _REFUSALS) else None
-    return None
-
-
-def _refused(op, *args, **kwargs) -> bool:
-    return op in _REFUSING and not _nested(op) and _refusal(op, args, kwargs) is not None
-
-
-def _raise_as_eager(op):
-    """`op`, and an assert that always fails, with eager's message (see _REFUSING)."""
-
-    def rewrite(*args, **kwargs):
-        message = None if _nested(op) else _refusal(op, args, kwargs)
-        if message is None:
-            return NotImplemented
-        aten._assert_async.msg(aten.scalar_tensor.default(False, dtype=torch.bool), message)
-        return _inner(op, *args, **kwargs)
-
-    return rewrite
-
-
-REFUSAL_REWRITES = {op: (functools.partial(_refused, op), _raise_as_eager(op)) for op in _REFUSING}
 
 
 # op: (when a call needs the rewrite, the rewrite). Each rewrite also returns NotImplemented
