@@ -18,6 +18,8 @@ import operator
 
 import torch
 import torch.fx as fx
+from torch._subclasses.fake_tensor import unset_fake_temporarily
+from torch.fx.experimental.proxy_tensor import disable_proxy_modes_tracing
 
 from .nans import _inner, _nested
 
@@ -48,9 +50,6 @@ def refusal(op, args, kwargs) -> str | None:
     bools = any(isinstance(v, torch.Tensor) and v.dtype == torch.bool for v in values)
     if not (numbers or bools) or any(isinstance(v, torch.SymInt | torch.SymFloat) for v in values):
         return None
-    from torch._subclasses.fake_tensor import unset_fake_temporarily
-    from torch.fx.experimental.proxy_tensor import disable_proxy_modes_tracing
-
     def empty(v):  # sizes (full's) become 0 too: nothing is allocated
         if isinstance(v, torch.Tensor):
             return torch.empty((0,) * v.dim(), dtype=v.dtype)
@@ -135,21 +134,21 @@ def refused_in_place(gm: fx.GraphModule) -> str | None:
     """Eager's message for the first in-place call of Dynamo's graph `gm` that eager refuses
     for its dtypes (see the module's docstring), or None. Each is made once in eager, on
     one-element CPU tensors of its arguments' dtypes."""
-    from torch._subclasses.fake_tensor import unset_fake_temporarily
-
-    for node in gm.graph.nodes:
-        if not _in_place(node):
-            continue
-        try:
-            args, kwargs = fx.node.map_arg((node.args, node.kwargs), lambda n: _probe_value(n.meta.get("example_value")))
-        except _Unprobed:
-            continue
-        with unset_fake_temporarily():
+    calls = [node for node in gm.graph.nodes if _in_place(node)]
+    if not calls:
+        return None
+    # `x.uniform_()` must not move the caller's generator
+    with torch.random.fork_rng(devices=[]), unset_fake_temporarily():
+        for node in calls:
             try:
+                args, kwargs = fx.node.map_arg((node.args, node.kwargs),
+                                               lambda n: _probe_value(n.meta.get("example_value")))
                 if node.op == "call_method":
                     getattr(args[0], node.target)(*args[1:], **kwargs)
                 else:
                     node.target(*args, **kwargs)
+            except _Unprobed:
+                continue
             except Exception as e:  # eager's TypeError, RuntimeError or NotImplementedError
                 message = str(e).splitlines()[0] if str(e) else ""
                 if any(r in message for r in _TYPE_REFUSALS):
