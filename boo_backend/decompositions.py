@@ -1,4 +1,4 @@
-"""boo's own FX-level rewrites. Imports only pooling, symbolic and nans, all leaves.
+"""boo's own FX-level rewrites. Imports only pooling, refusals, symbolic and nans, all leaves.
 
 - AOT: entries that replace core ATen's in the table given to AOTAutograd.
 - FALLBACK: decompositions for ops that torch-mlir cannot lower and whose torch._decomp entry
@@ -19,6 +19,7 @@ import torch
 
 from .nans import PRIMS
 from .pooling import avg_pool_backward, max_pool3d_with_indices_backward
+from .refusals import refusal
 from .symbolic import expr
 
 aten = torch.ops.aten
@@ -519,7 +520,25 @@ def _addcmul(self, tensor1, tensor2, *, value=1):
     return decomposition_table[aten.addcmul.default](self, tensor1, tensor2, value=value)
 
 
+def _refusing(op):
+    """torch._decomp's `op`, raising eager's error when the graph runs where eager refuses
+    the call (refusals.refusal): AOTAutograd decomposes it before boo's own refusals see it."""
+    from torch._decomp import decomposition_table
+
+    theirs = decomposition_table[op]
+
+    def run(*args, **kwargs):
+        message = refusal(op, args, kwargs)
+        if message is not None:
+            aten._assert_async.msg(aten.scalar_tensor.default(False, dtype=torch.bool), message)
+        return theirs(*args, **kwargs)
+
+    return run
+
+
 AOT = {
+    aten.nll_loss_forward.default: _refusing(aten.nll_loss_forward.default),
+    aten.nll_loss2d_forward.default: _refusing(aten.nll_loss2d_forward.default),
     aten.addcmul.default: _addcmul,
     aten.leaky_relu.default: _leaky_relu,
     aten.index_fill.int_Scalar: _counted_from_the_end(aten.index_fill.int_Scalar),

@@ -29,8 +29,10 @@ aten = torch.ops.aten
 # Ops whose eager kernels refuse some arguments that their fake kernels let through, so that
 # a traced graph computes what eager refuses: a number that does not fit the tensor's type
 # (`torch.where(c, int32_x, 2**40)`, `masked_fill`, `full`, `clamp` bounds; the wrapped value
-# came back), subtraction with bool tensors, and a float `alpha` with integer tensors (with
-# symbolic sizes, `torch.add(a, b, alpha=0.5)` of ints gave `a`). Each call is tried in eager on empty
+# came back), subtraction with bool tensors, a float `alpha` with integer tensors (with
+# symbolic sizes, `torch.add(a, b, alpha=0.5)` of ints gave `a`), and class weights of
+# another type than the scores (decompositions.AOT's nll_loss: cross_entropy of bf16
+# logits with float32 weights). Each call is tried in eager on empty
 # tensors of its arguments' dtypes and ranks; an error of one of these kinds is raised at run
 # time, with eager's message (an assert that checks.py turns into a flag).
 _REFUSING = frozenset({
@@ -40,7 +42,7 @@ _REFUSING = frozenset({
     aten.sub.Tensor, aten.sub.Scalar, aten.rsub.Tensor, aten.rsub.Scalar, aten.add.Tensor,
 })
 _REFUSALS = ("without overflow", "with a bool tensor is not supported", "with two bool tensors is not supported",
-             "must not be a floating point number")
+             "must not be a floating point number", "expected scalar type")
 
 
 def refusal(op, args, kwargs) -> str | None:

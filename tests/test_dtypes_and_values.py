@@ -468,6 +468,8 @@ _REFUSED = {
     "bool_minus_int": lambda c, x: c - x,
     "bool_minus_bool": lambda c, x: (c - c.flip(0)) | c,
     "float_alpha_for_ints": lambda c, x: torch.add(x, x.flip(0), alpha=0.5),
+    "bf16_scores_f32_class_weights": lambda c, x: F.cross_entropy(
+        torch.stack([x, -x, x * 2], 1).bfloat16(), c.long(), weight=torch.ones(3)),
     # in place, eager refuses a result that its tensor's type cannot hold, or lacks the kernel
     # (refusals.refused_in_place); functionalized, the product was truncated when copied back
     "int_times_float_in_place": lambda c, x: x.clone().mul_(1.5) + 1,
@@ -482,6 +484,8 @@ _FITS = {
     # eager converts addcmul's value to the integer type first: 2.7 is 2, -0.5 is 0
     "int_addcmul_truncates_its_value": lambda c, x: torch.addcmul(x, x, x, value=2.7) + x.clone().addcmul_(x, c.int(), value=-0.5),
     "int_times_int_in_place": lambda c, x: x.clone().mul_(3) - 1,
+    "bf16_scores_bf16_class_weights": lambda c, x: F.cross_entropy(
+        torch.stack([x, -x, x * 2], 1).bfloat16(), c.long(), weight=torch.ones(3, dtype=torch.bfloat16)),
 }
 
 
