@@ -1,6 +1,7 @@
 """Calls that eager PyTorch refuses, and that boo must refuse as eager does rather than
 compute: Dynamo traces with fake kernels, which let through what eager's kernels refuse.
-A leaf: imports only nans (its rewrite helpers).
+A leaf: imports only nans (its rewrite helpers). decompositions uses `refusal` for ops that
+AOTAutograd decomposes before the pre-lowering rewrites run.
 
 - REFUSAL_REWRITES (pre-lowering rewrites, ATen level): the call raises eager's error when
   the graph runs.
@@ -32,9 +33,9 @@ aten = torch.ops.aten
 # came back), subtraction with bool tensors, a float `alpha` with integer tensors (with
 # symbolic sizes, `torch.add(a, b, alpha=0.5)` of ints gave `a`), and class weights of
 # another type than the scores (decompositions.AOT's nll_loss: cross_entropy of bf16
-# logits with float32 weights). Each call is tried in eager on empty
-# tensors of its arguments' dtypes and ranks; an error of one of these kinds is raised at run
-# time, with eager's message (an assert that checks.py turns into a flag).
+# logits with float32 weights). Each call is tried in eager on empty tensors of its
+# arguments' dtypes and ranks; an error of one of these kinds is raised at run time, with
+# eager's message (an assert that checks.py turns into a flag).
 _REFUSING = frozenset({
     aten.scalar_tensor.default, aten.full.default, aten.full_like.default, aten.new_full.default,
     aten.fill.Scalar, aten.masked_fill.Scalar, aten.index_fill.int_Scalar, aten.scatter.value,
@@ -92,10 +93,8 @@ _IN_PLACE_OPERATORS = frozenset({
     operator.iadd, operator.isub, operator.imul, operator.itruediv, operator.ifloordiv, operator.imod,
     operator.ipow, operator.iand, operator.ior, operator.ixor, operator.ilshift, operator.irshift,
 })
-_TYPE_REFUSALS = ("can't be cast to the desired output type", "not implemented for")
-
-
 _IN_PLACE_DUNDERS = frozenset(f"__{op.__name__}__" for op in _IN_PLACE_OPERATORS)
+_TYPE_REFUSALS = ("can't be cast to the desired output type", "not implemented for")
 
 
 def _in_place(node: fx.Node) -> bool:
