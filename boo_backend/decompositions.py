@@ -19,7 +19,7 @@ import torch
 
 from .nans import PRIMS
 from .pooling import avg_pool_backward, max_pool3d_with_indices_backward
-from .refusals import refusal
+from .refusals import raise_when_run, refusal
 from .symbolic import expr
 
 aten = torch.ops.aten
@@ -470,14 +470,19 @@ def _dist(input, other, p=2):
     return aten.norm.Scalar(aten.sub.Tensor(input, other), p)
 
 
+def _torchs(op):
+    """torch._decomp's decomposition of `op`, which boo's entry below wraps."""
+    from torch._decomp import decomposition_table
+
+    return decomposition_table[op]
+
+
 def _from_the_start(op):
     """torch._decomp's `op` (index_add, index_copy) refusing a negative index as eager does.
     Their decompositions become an index_put, which counts an index from the end, so
     `x.index_add(0, tensor([-1]), s)` added into x's last row where eager raises IndexError.
     The assert becomes the part's index check (checks.py)."""
-    from torch._decomp import decomposition_table
-
-    theirs = decomposition_table[op]
+    theirs = _torchs(op)
 
     def run(x, dim, index, *args, **kwargs):
         aten._assert_async.msg(aten.all.default(aten.ge.Scalar(index, 0)), "index")
@@ -489,9 +494,7 @@ def _from_the_start(op):
 def _counted_from_the_end(op):
     """torch._decomp's index_fill, which eager lets count an index from the end: its
     decomposition is an index_copy (_from_the_start), so the index is made non-negative first."""
-    from torch._decomp import decomposition_table
-
-    theirs = decomposition_table[op]
+    theirs = _torchs(op)
 
     def run(x, dim, index, *args, **kwargs):
         n = x.shape[dim] if x.dim() else 1
@@ -512,25 +515,21 @@ def _addcmul(self, tensor1, tensor2, *, value=1):
     """torch._decomp's addcmul with `value` first converted to the result's type, as eager's
     kernel does: for integers, value=0.5 is 0 and 2.7 is 2 (the decomposition refused a float
     value for integer tensors, and its in-place form added 0.5 * t1 * t2 and truncated)."""
-    from torch._decomp import decomposition_table
-
     dtype = functools.reduce(torch.promote_types, (self.dtype, tensor1.dtype, tensor2.dtype))
     if isinstance(value, float) and _integral(dtype):
         value = int(value)
-    return decomposition_table[aten.addcmul.default](self, tensor1, tensor2, value=value)
+    return _torchs(aten.addcmul.default)(self, tensor1, tensor2, value=value)
 
 
 def _refusing(op):
     """torch._decomp's `op`, raising eager's error when the graph runs where eager refuses
     the call (refusals.refusal): AOTAutograd decomposes it before boo's own refusals see it."""
-    from torch._decomp import decomposition_table
-
-    theirs = decomposition_table[op]
+    theirs = _torchs(op)
 
     def run(*args, **kwargs):
         message = refusal(op, args, kwargs)
         if message is not None:
-            aten._assert_async.msg(aten.scalar_tensor.default(False, dtype=torch.bool), message)
+            raise_when_run(message)
         return theirs(*args, **kwargs)
 
     return run

@@ -110,7 +110,8 @@ def _unsigned_alone(node: fx.Node, unsigned: set) -> bool:
 def wrong_in_iree(node: fx.Node) -> bool:
     """Whether IREE would compute `node` wrongly for its dtypes, so that it must run in eager:
     unsigned integers outside _UNSIGNED_SAFE, bools in _BOOL_WRONG, ops in _ALWAYS_WRONG,
-    weighted or padded embedding_bag sums, and boolean-mask index_put that rewrites.PRE_LOWERING could not rewrite."""
+    weighted or padded embedding_bag sums, and boolean-mask index_put that
+    rewrites.PRE_LOWERING could not rewrite."""
     if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
         return False
     op = node.target

@@ -78,10 +78,16 @@ def _raise_as_eager(op):
         message = None if _nested(op) else refusal(op, args, kwargs)
         if message is None:
             return NotImplemented
-        aten._assert_async.msg(aten.scalar_tensor.default(False, dtype=torch.bool), message)
+        raise_when_run(message)
         return _inner(op, *args, **kwargs)
 
     return rewrite
+
+
+def raise_when_run(message: str) -> None:
+    """While a graph is traced: an assert that always fails, so that the graph raises a
+    RuntimeError with eager's `message` when it runs (checks.py turns it into a flag)."""
+    aten._assert_async.msg(aten.scalar_tensor.default(False, dtype=torch.bool), message)
 
 
 REFUSAL_REWRITES = {op: (functools.partial(_refused, op), _raise_as_eager(op)) for op in _REFUSING}
