@@ -21,8 +21,8 @@ from torch._functorch.partitioners import default_partition, min_cut_remateriali
 from . import aot_cache, composites, hops, match, patterns, precompile, refusals
 from .compile import Target, target_for
 from .config import BooError, BooFallbackWarning, BooStrictError, Options
-from .decompositions import eager_indexing
 from .graph import CompiledGraph
+from .mended import while_tracing
 
 log = logging.getLogger("boo_backend")
 
@@ -81,7 +81,7 @@ def boo(gm: fx.GraphModule, example_inputs, options: dict | None = None, **kwarg
     # AOTAutograd's own CSE pass costs ~0.5 s on a transformer layer's joint graph; IREE
     # runs CSE on every module anyway, so the warm start skips it.
     with (functorch_config.patch(cse=False), _attention_for(target_for(opts.target, example_inputs)),
-          eager_indexing(), aot_cache.serving(opts, rebuild, aot_cache.keyable(gm))):
+          while_tracing(), aot_cache.serving(opts, rebuild, aot_cache.keyable(gm))):
         compiled = _aot(opts, compiler)(gm, example_inputs)
     if opts.compile_only or opts.strict:  # strict mode proves that IREE ran: no part chose ATen
         return compiled

@@ -9,7 +9,6 @@ in pooling.py.)
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import itertools
 import math
@@ -410,45 +409,6 @@ def keep_dtypes(op, decomposition):
         return out if expected is None else cast_to(out, expected)
 
     return run
-
-
-def _nearest_indices(input, output_size, scales, exact=False):
-    """The source index of every output position of nearest upsampling, as eager's CPU
-    kernel computes it: min(floor((dst + offset) * scale), in - 1) in float32, with scale
-    1 / scale_factor where one is given, else in / out; plain nearest copies (out == in) or
-    halves (out == 2 in) the index without floats, whatever the scale factor."""
-    indices = []
-    first = input.dim() - len(output_size)
-    for d, osize in enumerate(output_size):
-        isize = input.shape[first + d]
-        dst = torch.arange(osize, device=input.device)
-        if not exact and osize == isize:
-            index = dst
-        elif not exact and osize == 2 * isize:
-            index = dst // 2
-        else:
-            scale = 1.0 / scales[d] if scales[d] is not None and scales[d] > 0 else isize / osize
-            index = ((dst.to(torch.float32) + (0.5 if exact else 0.0)) * scale).to(torch.int64)
-            index = index.clamp(max=isize - 1)
-        indices.append(index.reshape([osize] + [1] * (len(output_size) - 1 - d)))
-    return indices
-
-
-@contextlib.contextmanager
-def eager_indexing():
-    """While AOTAutograd traces: nearest upsampling indexes as eager does (_nearest_indices).
-    torch._decomp's upsample_nearest*, which tracing dispatches to before any table is
-    consulted, does not clamp, so a scale factor that does not divide (2x2 to [6, 10] with
-    scales 2.3 and 4.7) indexes past the input, and IREE reads whatever lies past the buffer;
-    nor does it copy or halve the index as eager does when the output is 1x or 2x the input."""
-    from torch._decomp import decompositions as torch_decomps
-
-    theirs = torch_decomps._compute_upsample_nearest_indices
-    torch_decomps._compute_upsample_nearest_indices = _nearest_indices
-    try:
-        yield
-    finally:
-        torch_decomps._compute_upsample_nearest_indices = theirs
 
 
 # core ATen's entry for CPU flash attention saves the probabilities where its backward

@@ -131,6 +131,35 @@ def test_nearest_upsampling_backward():
     torch.testing.assert_close(x.grad, ref_x.grad)
 
 
+def _multilabel_targets(rows, classes):
+    """Distinct labels per row, each row cut by a -1 at a different slot (none, the first,
+    the middle) and followed by valid labels that must not count."""
+    g = torch.Generator().manual_seed(rows * classes)
+    target = torch.stack([torch.randperm(classes, generator=g) for _ in range(rows)]) if rows else \
+        torch.zeros(0, classes, dtype=torch.int64)
+    for r in range(rows):
+        if r % 3:
+            target[r, (r * 5) % classes] = -1
+    return target
+
+
+@pytest.mark.parametrize("reduction, dynamic", [("mean", False), ("sum", True), ("none", True)])
+def test_multilabel_margin_loss_stops_at_the_first_minus_one(reduction, dynamic, monkeypatch):
+    """torch._decomp's entry, which runs above autograd while AOTAutograd traces, counted the
+    label slots after a row's -1 as label 0 (loss off by 4.2 at 3 x 7); boo mends it there."""
+    f = _checked_here(lambda x, t: F.multilabel_margin_loss(x, t, reduction=reduction), dynamic, monkeypatch)
+    # No rows (eager's mean of them is whatever memory held): sum and none only.
+    sizes = [(3, 7), (11, 37)] + [(0, 5)] * (dynamic and reduction != "mean") + [(None, 9)]
+    for rows, classes in sizes:
+        x = torch.randn(*([classes] if rows is None else [rows, classes]), requires_grad=True)
+        t = _multilabel_targets(1 if rows is None else rows, classes).reshape(x.shape)
+        ours, ref = f(x, t), F.multilabel_margin_loss(x, t, reduction=reduction)
+        torch.testing.assert_close(ours, ref)
+        if rows != 0:
+            g = torch.randn_like(ref)
+            torch.testing.assert_close(torch.autograd.grad(ours, x, g), torch.autograd.grad(ref, x, g))
+
+
 @pytest.mark.parametrize("shape, args, src", [
     ((8, 4), (0, 3, -1), (4, 4)), ((8, 4), (0, -5, -1), (4, 4)), ((8, 4), (-2, 0, 3), (3, 4)),
     ((8, 4), (0, 5, 100), (3, 4)), ((1, 9, 3), (1, 2, 5), (1, 3, 3)), ((8, 5), (-1, -4, 8, 2), (8, 2)),
