@@ -1,4 +1,4 @@
-"""boo's own FX-level rewrites. Imports only pooling, refusals, symbolic and nans, all leaves.
+"""boo's own FX-level rewrites. Imports only fastpaths, pooling, refusals, symbolic and nans, all leaves.
 
 - AOT: entries that replace core ATen's in the table given to AOTAutograd.
 - FALLBACK: decompositions for ops that torch-mlir cannot lower and whose torch._decomp entry
@@ -16,6 +16,7 @@ import math
 import sympy
 import torch
 
+from . import fastpaths
 from .nans import PRIMS
 from .pooling import avg_pool_backward, max_pool3d_with_indices_backward
 from .refusals import raise_when_run, refusal
@@ -507,6 +508,7 @@ AOT = {
     aten._scaled_dot_product_flash_attention_for_cpu.default: _flash_attention_cpu,
     aten._scaled_mm.default: _scaled_mm,
     aten.dist.default: _dist,
+    **fastpaths.AOT,
 }
 
 FALLBACK = {

@@ -402,3 +402,33 @@ def test_compiled_whole_step():
         for (name, p), q in zip(model.named_parameters(), ref.parameters()):
             close_to_scale(p.detach(), q.detach(), f"{name} after step {i}", rel=1e-3)
     _no_islands()
+
+
+@pytest.mark.parametrize("norm_first, activation, masks", [(False, "relu", "padding"), (True, "gelu", "causal")])
+def test_transformer_encoder_inference(norm_first, activation, masks):
+    """nn.TransformerEncoder in eval mode without gradients, as a text classifier: its layers
+    take torch's fused fast path (aten._transformer_encoder_layer_fwd), which ran as an eager
+    island until boo took it apart (fastpaths.py). Padded rows, a causal mask and a row with
+    every key masked (NaN, as eager); two sequence lengths through one dynamic module."""
+    torch.manual_seed(0)
+    layer = nn.TransformerEncoderLayer(90, 6, 70, batch_first=True, norm_first=norm_first, activation=activation)
+    encoder = nn.TransformerEncoder(layer, 2, enable_nested_tensor=False).eval()
+
+    def classify(x, pad):
+        if masks == "padding":
+            h = encoder(x, src_key_padding_mask=pad)
+        else:
+            causal = nn.Transformer.generate_square_subsequent_mask(x.shape[1])
+            h = encoder(x, mask=causal.isinf().expand(x.shape[0] * 6, -1, -1), src_key_padding_mask=pad)
+        keep = (~pad).unsqueeze(-1)
+        return (h * keep).sum(1) / keep.sum(1).clamp_min(1)
+
+    compiled = torch.compile(classify, backend="boo", dynamic=True)
+    for length in (11, 37):
+        x = torch.randn(3, length, 90)
+        pad = torch.arange(length) >= torch.tensor([[length], [length - 4], [0 if masks == "causal" else 5]])
+        with torch.no_grad():
+            out, ref = compiled(x, pad), classify(x, pad)
+        assert torch.equal(out.isnan(), ref.isnan()) and (masks == "padding") != bool(ref.isnan().any())
+        torch.testing.assert_close(out.nan_to_num(), ref.nan_to_num(), rtol=1e-4, atol=1e-5)
+    _no_islands()
