@@ -125,6 +125,27 @@ def _masked_scores(qf, kf, scale, is_causal, attn_mask):
     return scores
 
 
+def _diagonal_scatter(x, src, offset=0, dim1=0, dim2=1):
+    """`x` with its diagonal(offset, dim1, dim2) replaced by `src`, as a select between the
+    two (torch._decomp's entry writes into a clone, and torch-mlir's lowering fails in IREE;
+    torch.func.jacrev builds its basis this way). The element at (i, j) of dims (dim1, dim2)
+    is on the diagonal where j - i == offset, and then it is src's element i - max(-offset, 0)."""
+    dim1, dim2 = dim1 % x.dim(), dim2 % x.dim()
+    rows, cols, length = x.shape[dim1], x.shape[dim2], src.shape[-1]
+    if length == 0:
+        return x.clone()
+
+    def along(n, dim):
+        shape = [1] * x.dim()
+        shape[dim] = n
+        return torch.arange(n, device=x.device).reshape(shape)
+
+    on = along(cols, dim2) - along(rows, dim1) == offset
+    at_row = (torch.arange(rows, device=x.device) - max(-offset, 0)).clamp(0, length - 1)
+    placed = src.to(x.dtype).index_select(-1, at_row).unsqueeze(-1).movedim([-2, -1], [dim1, dim2])
+    return torch.where(on, placed, x)
+
+
 def _as_strided_scatter(x, src, size, stride, storage_offset=None):
     """`x` with the elements of its as_strided(size, stride, offset) view replaced by `src`
     (AOTAutograd's backward of an as_strided view, e.g. under adaptive average pooling).
@@ -422,6 +443,7 @@ UNLOWERED = frozenset({
     aten.squeeze.dims,  # in every graph that holds a logsumexp (core ATen's decomposition)
     aten.avg_pool2d_backward.default, aten.avg_pool3d_backward.default,
     aten.max_pool3d_with_indices_backward.default,
+    aten.diagonal_scatter.default,  # lowered, but iree-compile rejects what it gives
 })
 
 def _dist(input, other, p=2):
@@ -517,6 +539,7 @@ FALLBACK = {
     aten.empty_permuted.default: _empty_permuted,
     aten._scaled_dot_product_flash_attention_for_cpu_backward.default: _flash_attention_cpu_backward,
     aten.as_strided_scatter.default: _as_strided_scatter,
+    aten.diagonal_scatter.default: _diagonal_scatter,
     aten.avg_pool2d_backward.default: functools.partial(avg_pool_backward, 2),
     aten.avg_pool3d_backward.default: functools.partial(avg_pool_backward, 3),
     aten.max_pool3d_with_indices_backward.default: max_pool3d_with_indices_backward,

@@ -144,15 +144,17 @@ def _view_of_input(value: fx.Node, placeholders: list[fx.Node]) -> tuple | None:
 
 
 def _owns_storage(val: torch.Tensor) -> bool:
-    """Whether `val` spans its whole storage from offset 0, as a result IREE writes does: an
-    `_unsafe_view` of a larger tensor (a piece of a fused projection) is not a view, yet
-    shares memory it does not span."""
+    """Whether `val` fills its whole storage from offset 0, each element once, as a result
+    IREE writes does: an `_unsafe_view` of a larger tensor (a piece of a fused projection) is
+    not a view, yet shares memory it does not span; the diagonal of a square matrix spans
+    its storage but skips the rest (a base made of it would be read where nothing was
+    written)."""
     from torch.fx.experimental.symbolic_shapes import statically_known_true
 
     if not statically_known_true(val.numel() > 0):
         return False
     extent = 1 + sum((n - 1) * s for n, s in zip(val.shape, val.stride()))
-    return (statically_known_true(val.storage_offset() == 0)
+    return (statically_known_true(val.storage_offset() == 0) and statically_known_true(val.numel() == extent)
             and statically_known_true(val.untyped_storage().nbytes() == extent * val.dtype.itemsize))
 
 
