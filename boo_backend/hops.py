@@ -117,6 +117,8 @@ def seeds(gm: fx.GraphModule) -> set[fx.Node]:
 def _dropout(seed, x, p, train):
     if not train or p == 0:
         return x, aten.ones_like.default(x, dtype=torch.bool)
+    if p == 1:  # eager's F.dropout multiplies by 0 (NaN stays NaN), dropping every element
+        return aten.mul.Scalar(x, 0.0), aten.zeros_like.default(x, dtype=torch.bool)
     keep = aten.ge.Scalar(uniform(seed, x.shape, torch.float32, x.device), p)
     return aten.mul.Scalar(aten.mul.Tensor(x, keep), 1.0 / (1.0 - p)), keep
 

@@ -85,3 +85,27 @@ def test_random_ops_have_their_distribution(name, dtype, monkeypatch):
     if high is not None:
         assert ours.max() <= high and (ours.max() < high or name not in ("rand", "rand_like"))
     assert len(ours.unique()) > 1
+
+
+def test_dropout_of_every_element_as_eager(monkeypatch):
+    """p = 1 in training (F.dropout, or nn.Dropout's p set to 1 between calls): eager
+    multiplies by 0, so NaN and inf give NaN and the gradient is 0. boo's compile divided
+    by 1 - p and failed with a bare ZeroDivisionError."""
+    monkeypatch.setenv("BOO_STRICT", "1")
+    torch._dynamo.reset()
+    x = torch.randn(5, 37)
+    x[0, :3] = torch.tensor([math.inf, -math.inf, math.nan])
+    x.requires_grad_()
+
+    def f(x):
+        return F.dropout(x, p=1.0, training=True) * 3 + 1
+
+    ours, ref = torch.compile(f, backend="boo")(x), f(x)
+    torch.testing.assert_close(ours, ref, equal_nan=True)
+    torch.testing.assert_close(torch.autograd.grad(ours.sum(), x), torch.autograd.grad(ref.sum(), x))
+    drop = nn.Dropout(0.5)
+    compiled = torch.compile(drop, backend="boo")
+    y = torch.rand(9, 130) + 1
+    assert 0.3 < (compiled(y) == 0).float().mean() < 0.7
+    drop.p = 1.0
+    assert torch.equal(compiled(y), torch.zeros_like(y))
