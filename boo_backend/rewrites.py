@@ -22,7 +22,7 @@ from .f64 import F64_REWRITES, IN_F64, _negative
 from .nans import NAN_REWRITES, _inner, _nested
 from .pooling import ceil_mode_avg_pool
 from .refusals import REFUSAL_REWRITES
-from .symbolic import expr, is_row_major
+from .symbolic import expr, is_row_major, is_static
 
 aten = torch.ops.aten
 
@@ -217,6 +217,25 @@ def _crop_negative_pads(x, pad, value=0.0):
 
 def _symbolic(x, *args, **kwargs) -> bool:
     return not all(isinstance(n, int) for n in x.shape)
+
+
+def _resizes_a_symbolic_row(x, dtype) -> bool:
+    return x.dim() > 0 and x.dtype.itemsize != dtype.itemsize and not is_static(x.shape[-1])
+
+
+def _dtype_view_by_whole_elements(x, dtype):
+    """A view as a narrower dtype of a tensor whose last dim is symbolic, made through a last
+    dim of static size: each of x's elements split into whole elements of `dtype`.
+    torch-mlir's lowering of a symbolic last dim divides where it should multiply: int16
+    from float32 [3, 4] came out [3, 2], the first half of the result, without an error.
+    (A view as a wider dtype is out of range in IREE, and compiles per shape.)"""
+    if not _resizes_a_symbolic_row(x, dtype):
+        return NotImplemented
+    lead, n = list(x.shape[:-1]), x.shape[-1]
+    if dtype.itemsize < x.dtype.itemsize:
+        return aten.view.dtype(x.unsqueeze(-1), dtype).reshape(lead + [n * (x.dtype.itemsize // dtype.itemsize)])
+    ratio = dtype.itemsize // x.dtype.itemsize  # (a reshape to [n // ratio, ratio] sizes its last dim n // (n // ratio))
+    return aten.view.dtype(x.unfold(-1, ratio, ratio), dtype).squeeze(-1)
 
 
 def _split_as_slices(x, split_sizes, dim=0):
@@ -416,6 +435,7 @@ _REWRITES = _merged(REFUSAL_REWRITES, INT8_REWRITES, F64_REWRITES, IN_F64, NAN_R
     aten.index_put.default: (_has_index, _first_of(_index_put_mask, _index_put_wrapped)),
     aten.index.Tensor: (_several_symbolic_indices, _index_flattened),
     aten.split_with_sizes.default: (_symbolic, _split_as_slices),
+    aten.view.dtype: (_resizes_a_symbolic_row, _dtype_view_by_whole_elements),
     aten.as_strided.default: (_only_reshapes, _as_strided_as_view),
     aten.convolution_backward.default: (_short_conv_lists, _conv_backward_full_lists),
 

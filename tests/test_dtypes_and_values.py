@@ -131,6 +131,22 @@ def test_nearest_upsampling_backward():
     torch.testing.assert_close(x.grad, ref_x.grad)
 
 
+@pytest.mark.parametrize("source, target", [(torch.float32, torch.int16), (torch.float32, torch.int8),
+                                            (torch.int16, torch.float32), (torch.uint8, torch.float64)], ids=str)
+def test_dtype_views_of_another_size_with_symbolic_rows(source, target, monkeypatch):
+    """x.view(dtype) where the sizes differ and the last dim is symbolic: torch-mlir's
+    lowering divided where it should multiply (int16 of float32 [3, 4] came out [3, 2],
+    the first half, without an error; float32 of int16 [3, 8] came out [3, 16])."""
+    f = _checked_here(lambda x: x.view(target).neg(), True, monkeypatch)
+    wide = source if source.itemsize > target.itemsize else target
+    for rows, cols in [(3, 8), (5, 24), (7, 200)]:
+        x = (torch.randn(rows, cols * wide.itemsize // source.itemsize // 2, dtype=torch.float64) * 1e3).to(wide)
+        x = x.view(source)  # a view back to `wide` gives these numbers (no NaN, whose bits may change)
+        ours, ref = f(x), x.view(target).neg()
+        assert ours.shape == ref.shape and torch.equal(ours, ref), f"{rows}x{x.shape[1]}"
+    assert all(p.island == 0 for p in boo_backend.placements())
+
+
 def _multilabel_targets(rows, classes):
     """Distinct labels per row, each row cut by a -1 at a different slot (none, the first,
     the middle) and followed by valid labels that must not count."""
