@@ -80,16 +80,25 @@ def test_outputs_zero_dim_int_bool_constants_and_strides():
     assert ours[4] is x or ours[4].data_ptr() == x.data_ptr()
 
 
-def test_output_aliasing_input_view():
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_output_aliasing_input_view(dynamic):
+    """Views of an input come back as views of it, as in eager, also as a dtype of another
+    size (`x[1:].view(torch.int16)` was sized in float32 elements over the float32 input:
+    a setStorage error)."""
     def f(x):
-        return x.view(2, -1), x[1:], x * 2
+        return x.view(2, -1), x[1:], x * 2, x[1:].view(torch.int16), x[:, 2:].view(torch.float64)
 
-    x = torch.randn(4, 6)
-    ours = _compile(f)(x)
-    assert_close(ours, f(x), "outputs")
-    assert ours[0].data_ptr() == x.data_ptr(), "a view output must alias its input, as in eager"
-    x.add_(1)
-    assert_close(ours[1], x[1:], "alias follows its base")
+    run = _compile(f, dynamic=dynamic)
+    for rows, cols in ((4, 6), (7, 10)):
+        x = torch.randn(rows, cols)
+        ours, ref = run(x), f(x)
+        assert [o.stride() for o in ours] == [r.stride() for r in ref]
+        assert_close(ours, ref, "outputs")
+        assert all(o.data_ptr() == r.data_ptr() for o, r in zip(ours[:2] + ours[3:], ref[:2] + ref[3:])), \
+            "a view output must alias its input, as in eager"
+        x.add_(1)
+        assert_close(ours[1], x[1:], "alias follows its base")
+        assert torch.equal(ours[3], x[1:].view(torch.int16)) and torch.equal(ours[4], x[:, 2:].view(torch.float64))
 
 
 @pytest.mark.parametrize("dynamic", [False, True])
@@ -99,7 +108,7 @@ def test_outputs_that_view_each_other_share_memory(dynamic):
     gradient is traced."""
     def f(x):
         d = x * 2
-        return d, d.view(-1, d.shape[0]), d[1], d.t(), d[:, 2:].view(torch.int32), (x + 1)[1:]
+        return d, d.view(-1, d.shape[0]), d[1], d.t(), d[:, 2:].view(torch.int32), (x + 1)[1:], d[2:].view(torch.int16)
 
     compiled = _compile(f, dynamic=dynamic)
     for rows, cols in ((5, 9), (37, 130), (129, 301)):
@@ -110,7 +119,7 @@ def test_outputs_that_view_each_other_share_memory(dynamic):
         for i, (a, b) in enumerate(zip(ours, ref)):
             assert a.stride() == b.stride(), f"output {i} stride at {rows}x{cols}"
         d, flat, row, t = ours[:4]
-        assert all(o.untyped_storage().data_ptr() == d.untyped_storage().data_ptr() for o in ours[1:5])
+        assert all(o.untyped_storage().data_ptr() == d.untyped_storage().data_ptr() for o in ours[1:5] + ours[6:])
         flat.view(-1)[0] = 100.0
         row.fill_(-3.0)
         t[-1, 0] = 7.0
@@ -120,6 +129,7 @@ def test_outputs_that_view_each_other_share_memory(dynamic):
         expected[0, -1] = 7.0
         assert torch.equal(d, expected), f"writes into views of d at {rows}x{cols}"
         assert torch.equal(ours[4], d[:, 2:].view(torch.int32)), "an int32 view of d follows d"
+        assert torch.equal(ours[6], d[2:].view(torch.int16)), "an int16 view of d follows d"
 
 
 @pytest.mark.parametrize("dynamic", [False, True])
