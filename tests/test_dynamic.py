@@ -320,7 +320,9 @@ def test_ops_a_decomposition_brings_in_compile_per_shape_rather_than_run_in_isla
     from boo_backend import lower
     monkeypatch.setattr(lower, "_sizes_read_from_shapes", lambda graph: None)
     monkeypatch.setenv("BOO_STRICT", "1")
-    placed = _mistral_checkpointed_steps(monkeypatch, [(2, 37), (3, 70)], layers=1, width=32)
+    # One size: the module IREE rejects is the dynamic one, tried first (a second size would
+    # compile every graph again and prove nothing more; CI time).
+    placed = _mistral_checkpointed_steps(monkeypatch, [(2, 37)], layers=1, width=32)
     assert placed and not any(p.island for p in placed), [p.line() for p in placed]
     assert any(not p.dynamic for p in placed), [p.line() for p in placed]
 
@@ -480,7 +482,7 @@ def test_a_kernel_whose_width_the_importer_left_dynamic_is_one_module(monkeypatc
     model = transformers.MobileViTForImageClassification(config).eval()
     run = torch.compile(model, backend="boo", dynamic=True)
     with torch.no_grad():
-        for b in (2, 3, 7):
+        for b in (2, 7):
             x = torch.randn(b, 3, 32, 32)
             assert_close(run(pixel_values=x).logits, model(pixel_values=x).logits, f"logits at batch {b}")
     placed = boo_backend.placements()
