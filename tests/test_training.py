@@ -147,16 +147,19 @@ def test_aten_matmul_switch_keeps_results_and_reports_it(monkeypatch):
 
 
 @pytest.mark.parametrize("case", ["causal", "causal_lq_lt_lk", "gqa_causal", "bool_mask", "additive_mask", "scale"])
-def test_attention_forward_and_backward_in_iree(case):
+def test_attention_forward_and_backward_in_iree(case, monkeypatch):
     """SDPA through boo's attention decompositions, in strict mode: every mask kind, a
-    scale, grouped-query heads, and causal masks aligned to the top left when Lq != Lk."""
+    scale, grouped-query heads, and causal masks aligned to the top left when Lq != Lk.
+    The attention kernels run in IREE, not in ATen by measurement."""
+    monkeypatch.setenv("BOO_ATEN_MATMUL", "0")
     boo_backend.reset()
     torch.manual_seed(0)
     b, h, lq, lk, d = 2, 4, 8, 8, 16
     kv_heads, kwargs = h, {}
     if case == "causal_lq_lt_lk":
         lq = 5
-    if case == "gqa_causal":
+    if case == "gqa_causal":  # 2 x 23 grouped rows: IREE got dq and dk wrong (off by 9) where
+        b, lq, lk, d = 3, 23, 23, 12  # dP's contraction fused into dS in the packed layout
         kv_heads, kwargs = 2, {"enable_gqa": True}
     if case.startswith("causal") or case == "gqa_causal":
         kwargs["is_causal"] = True
