@@ -39,7 +39,7 @@ class Lowered:
     inputs: list[tuple]
     # Per graph output: ("arg", i), ("result", j), ("value", python_value), ("size", text):
     # a SymInt the graph returns, as a symbolic.text expression of its inputs' sizes, or
-    # ("view", (i, shape, stride, offset[, dtype])): a view of input i (see _view_of_input),
+    # ("view", (i, shape, stride, offset, dtype)): a view of input i (see _view_of_input),
     # ("alias", (k, shape, stride, offset, dtype)): a view of output k (_views_of_outputs), or
     # ("permuted", (j, order)): result j permuted by `order` (IREE wrote it dense; build_core).
     outputs: list[tuple]
@@ -122,11 +122,22 @@ def _layout(val: torch.Tensor) -> tuple:
     return shape, None if dense else tuple(map(_size, val.stride()))
 
 
+def _view_plan(index: int, val: torch.Tensor, base: torch.Tensor) -> tuple:
+    """(index, shape, stride, storage offset past `base`'s, dtype) of `val`, a view of `base`:
+    the dtype is the view's where it differs from the base's (else None), and the offset
+    counts the view's elements (part._view makes it)."""
+    if val.dtype.itemsize == base.dtype.itemsize:
+        offset = val.storage_offset() - base.storage_offset()
+    else:
+        size = val.dtype.itemsize
+        offset = (val.storage_offset() * size - base.storage_offset() * base.dtype.itemsize) // size
+    return (index, tuple(map(_size, val.shape)), tuple(map(_size, val.stride())), _size(offset),
+            None if val.dtype == base.dtype else val.dtype)
+
+
 def _view_of_input(value: fx.Node, placeholders: list[fx.Node]) -> tuple | None:
-    """(input index, shape, stride, storage offset past the input's[, dtype]) of an output
-    that is a view of a graph input (a split's piece, a slice, `x.view(torch.int16)`: the last
-    item is the view's dtype where it differs, and the offset counts its elements), or None.
-    Such an output is made from
+    """The _view_plan of an output that is a view of a graph input (a split's piece, a slice,
+    `x.view(torch.int16)`), by the input's index, or None. Such an output is made from
     the input itself, as eager makes it, not computed by IREE: AOTAutograd rebuilds outputs
     that alias inputs from the tensor returned (its sizes, strides and storage offset)
     whenever their views take symbolic arguments, so a fresh result would be read as a view
@@ -140,12 +151,7 @@ def _view_of_input(value: fx.Node, placeholders: list[fx.Node]) -> tuple | None:
     for i, p in enumerate(placeholders):
         base = p.meta.get("val")
         if isinstance(base, torch.Tensor) and StorageWeakRef(base.untyped_storage()) == storage:
-            view = (i, tuple(map(_size, val.shape)), tuple(map(_size, val.stride())))
-            if val.dtype == base.dtype:
-                return view + (_size(val.storage_offset() - base.storage_offset()),)
-            size = val.dtype.itemsize
-            offset = (val.storage_offset() * size - base.storage_offset() * base.dtype.itemsize) // size
-            return view + (_size(offset), val.dtype)
+            return _view_plan(i, val, base)
     return None
 
 
@@ -165,10 +171,9 @@ def _owns_storage(val: torch.Tensor) -> bool:
 
 
 def _views_of_outputs(flat: list, placeholders: list[fx.Node]) -> dict[int, tuple]:
-    """{position: (position of its base, shape, stride, storage offset past the base's)} for
-    the outputs that are views of another output the graph computes (`d, d.view(3, -1),
-    d[0]`, `d.view(torch.int16)`: the last item is the view's dtype where it differs, and the
-    offset counts its elements). Such an output is made from its base, so the two share
+    """{position: the _view_plan by its base's position} for the outputs that are views of
+    another output the graph computes (`d, d.view(3, -1), d[0]`, `d.view(torch.int16)`).
+    Such an output is made from its base, so the two share
     memory as in eager: a write into one shows in the other. AOTAutograd rebuilds these views
     itself only where a gradient is traced; an inference graph returns them as they come. A
     view of a tensor that is not returned itself is computed as a result of its own."""
@@ -190,10 +195,7 @@ def _views_of_outputs(flat: list, placeholders: list[fx.Node]) -> dict[int, tupl
         base = bases.get(StorageWeakRef(val.untyped_storage())) if val is not None else None
         if base is None or base[1] is value:
             continue
-        size, base_size = val.dtype.itemsize, base[2].dtype.itemsize
-        views[k] = (base[0], tuple(map(_size, val.shape)), tuple(map(_size, val.stride())),
-                    _size((val.storage_offset() * size - base[2].storage_offset() * base_size) // size),
-                    None if val.dtype == base[2].dtype else val.dtype)
+        views[k] = _view_plan(base[0], val, base[2])
     return views
 
 

@@ -224,11 +224,11 @@ def _resizes_a_symbolic_row(x, dtype) -> bool:
 
 
 def _dtype_view_by_whole_elements(x, dtype):
-    """A view as a narrower dtype of a tensor whose last dim is symbolic, made through a last
-    dim of static size: each of x's elements split into whole elements of `dtype`.
-    torch-mlir's lowering of a symbolic last dim divides where it should multiply: int16
-    from float32 [3, 4] came out [3, 2], the first half of the result, without an error.
-    (A view as a wider dtype is out of range in IREE, and compiles per shape.)"""
+    """A view as a dtype of another size of a tensor whose last dim is symbolic, made through
+    a last dim of static size: each of x's elements split into whole elements of `dtype`
+    (narrower), or runs of them joined into one (wider). torch-mlir's lowering of a symbolic
+    last dim divides where it should multiply: int16 from float32 [3, 4] came out [3, 2],
+    the first half of the result, without an error, and float32 from int16 4x too wide."""
     if not _resizes_a_symbolic_row(x, dtype):
         return NotImplemented
     lead, n = list(x.shape[:-1]), x.shape[-1]
