@@ -18,7 +18,7 @@ import torch
 
 from . import fastpaths
 from .nans import PRIMS
-from .pooling import avg_pool_backward, max_pool3d_with_indices_backward
+from .pooling import adaptive_avg_pool_backward, avg_pool_backward, max_pool3d_with_indices_backward
 from .refusals import raise_when_run, refusal
 from .symbolic import expr
 
@@ -443,6 +443,7 @@ UNLOWERED = frozenset({
     aten.squeeze.dims,  # in every graph that holds a logsumexp (core ATen's decomposition)
     aten.avg_pool2d_backward.default, aten.avg_pool3d_backward.default,
     aten.max_pool3d_with_indices_backward.default,
+    aten._adaptive_avg_pool2d_backward.default, aten._adaptive_avg_pool3d_backward.default,
     aten.diagonal_scatter.default,  # lowered, but iree-compile rejects what it gives
 })
 
@@ -543,6 +544,8 @@ FALLBACK = {
     aten.avg_pool2d_backward.default: functools.partial(avg_pool_backward, 2),
     aten.avg_pool3d_backward.default: functools.partial(avg_pool_backward, 3),
     aten.max_pool3d_with_indices_backward.default: max_pool3d_with_indices_backward,
+    aten._adaptive_avg_pool2d_backward.default: functools.partial(adaptive_avg_pool_backward, 2),
+    aten._adaptive_avg_pool3d_backward.default: functools.partial(adaptive_avg_pool_backward, 3),
     aten._weight_norm_interface_backward.default: _weight_norm_interface_backward,
     aten.convolution_backward.default: _transposed_convolution_backward,
     aten.convolution.default: _depthwise_convolution,

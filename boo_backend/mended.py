@@ -2,7 +2,10 @@
 while it traces (`while_tracing`). torch._decomp registers some entries as Python kernels
 of the op itself (upsample_nearest*'s index helper, multilabel_margin_loss_forward at the
 Autograd key), so boo's AOT table never sees these ops: the fix has to replace torch's
-function for the length of the trace. Imports nothing of boo's.
+function for the length of the trace. An op whose backward nothing lowers, or whose backward
+fails to trace, is given a Python kernel at the Autograd key the same way (grid_sampler_2d,
+affine_grid_generator), so that AOTAutograd differentiates the ops it decomposes into.
+Imports nothing of boo's.
 """
 
 from __future__ import annotations
@@ -65,27 +68,60 @@ def _multilabel_margin_loss_forward(input, target, reduction):
     return z, is_target.to(input.dtype).reshape(target.shape)
 
 
+def _grid_sampler_2d(input, grid, interpolation_mode, padding_mode, align_corners):
+    """grid_sampler_2d as torch._decomp writes it, in ATen ops that autograd differentiates:
+    nothing lowers grid_sampler_2d_backward, which ran as an eager island in every training
+    graph. Bilinear sampling with zeros padding gives NaN where a point's coordinate is not
+    finite, as eager does; torch._decomp's in-bounds mask is False there and gave 0."""
+    from torch._decomp import decomposition_table
+
+    out = decomposition_table[aten.grid_sampler_2d.default](
+        input, grid, interpolation_mode, padding_mode, align_corners)
+    if interpolation_mode == 0 and padding_mode == 0 and grid.dtype.is_floating_point:
+        lost = torch.logical_not(torch.isfinite(grid).all(-1)).unsqueeze(1)  # [N, 1, oH, oW]
+        out = torch.where(lost, torch.full_like(out, float("nan")), out)
+    return out
+
+
+def _affine_grid_generator(theta, size, align_corners):
+    """affine_grid_generator as torch._decomp writes it: its C++ backward takes no symbolic
+    sizes ("SymIntArrayRef expected to contain only concrete integers"), so a spatial
+    transformer trained on a second batch size failed to compile (in Inductor too)."""
+    from torch._decomp import decomposition_table
+
+    return decomposition_table[aten.affine_grid_generator.default](theta, size, align_corners)
+
+
+_AUTOGRAD_KERNELS = {
+    aten.multilabel_margin_loss_forward.default: _multilabel_margin_loss_forward,
+    aten.grid_sampler_2d.default: _grid_sampler_2d,
+    aten.affine_grid_generator.default: _affine_grid_generator,
+}
+
+
 @contextlib.contextmanager
 def while_tracing():
     """While AOTAutograd traces: nearest upsampling indexes as eager does (_nearest_indices),
-    and multilabel_margin_loss_forward is _multilabel_margin_loss_forward.
+    and the ops of _AUTOGRAD_KERNELS are boo's functions at the Autograd key.
     torch._decomp's upsample_nearest* does not clamp, so a scale factor that does not divide
     (2x2 to [6, 10] with scales 2.3 and 4.7) indexes past the input, and IREE reads whatever
     lies past the buffer; nor does it copy or halve the index as eager does when the output
     is 1x or 2x the input."""
     from torch._decomp import decompositions as torch_decomps
 
-    op = aten.multilabel_margin_loss_forward.default
-    theirs = torch_decomps._compute_upsample_nearest_indices, op.py_kernels.get(DispatchKey.Autograd)
+    indices = torch_decomps._compute_upsample_nearest_indices
+    theirs = {op: op.py_kernels.get(DispatchKey.Autograd) for op in _AUTOGRAD_KERNELS}
     torch_decomps._compute_upsample_nearest_indices = _nearest_indices
-    op.py_kernels[DispatchKey.Autograd] = _multilabel_margin_loss_forward
-    op._dispatch_cache.clear()
+    for op, kernel in _AUTOGRAD_KERNELS.items():
+        op.py_kernels[DispatchKey.Autograd] = kernel
+        op._dispatch_cache.clear()
     try:
         yield
     finally:
-        torch_decomps._compute_upsample_nearest_indices = theirs[0]
-        if theirs[1] is None:
-            op.py_kernels.pop(DispatchKey.Autograd, None)
-        else:
-            op.py_kernels[DispatchKey.Autograd] = theirs[1]
-        op._dispatch_cache.clear()
+        torch_decomps._compute_upsample_nearest_indices = indices
+        for op, kernel in theirs.items():
+            if kernel is None:
+                op.py_kernels.pop(DispatchKey.Autograd, None)
+            else:
+                op.py_kernels[DispatchKey.Autograd] = kernel
+            op._dispatch_cache.clear()

@@ -1,5 +1,6 @@
 """Pooling rewritten for torch-mlir: average pooling with ceil_mode (a pre-lowering rewrite)
-and the pooling backwards torch-mlir knows but does not lower (FALLBACK entries). A leaf:
+and the pooling backwards torch-mlir knows but does not lower (FALLBACK entries), adaptive
+average pooling's among them. A leaf:
 imports nothing from boo_backend. Every size may be symbolic, so divisors and crops are
 tensor ops and sym_min/sym_max, never Python tests that would become guards.
 """
@@ -133,3 +134,33 @@ def max_pool3d_with_indices_backward(grad_out, x, kernel_size, stride, padding, 
     # dim counted from the front: torch-mlir's scatter lowering crashes on a negative one
     grad = grad.scatter_add(len(planes), indices.reshape(planes + [-1]), grad_out.reshape(planes + [-1]))
     return grad.reshape(x.shape)
+
+
+def _adaptive_windows(out, size, like: torch.Tensor):
+    """[out, size]: 1 where input position j lies in output position i's window of adaptive
+    pooling (ATen's: from floor(i * size / out) up to ceil((i + 1) * size / out)), else 0;
+    and each window's length, as `like`'s dtype."""
+    i = torch.arange(out, dtype=torch.int64, device=like.device)
+    start = torch.div(i * size, out, rounding_mode="floor")
+    end = torch.div((i + 1) * size + out - 1, out, rounding_mode="floor")
+    j = torch.arange(size, dtype=torch.int64, device=like.device)
+    inside = (j.unsqueeze(0) >= start.unsqueeze(1)) & (j.unsqueeze(0) < end.unsqueeze(1))
+    return inside.to(like.dtype), (end - start).to(like.dtype)
+
+
+def adaptive_avg_pool_backward(nd: int, grad_out, x):
+    """Each output gradient, divided by its window's size, added over its window: one
+    product with the 0/1 window matrix per spatial dim (the windows of adaptive pooling
+    are a product of one range per dim). Half types are summed in float32 and rounded
+    once, as eager's kernel accumulates."""
+    compute = torch.float32 if grad_out.dtype in (torch.float16, torch.bfloat16) else grad_out.dtype
+    grad = grad_out.to(compute)
+    first = grad.dim() - nd
+    for d in range(nd):
+        inside, length = _adaptive_windows(grad.shape[first + d], x.shape[first + d], grad)
+        shape = [1] * grad.dim()
+        shape[first + d] = -1
+        grad = grad / length.reshape(shape)
+        # the dim last, times the [out, size] windows: [..., out] @ [out, size]
+        grad = torch.matmul(grad.movedim(first + d, -1), inside).movedim(-1, first + d)
+    return grad.to(grad_out.dtype)

@@ -490,7 +490,10 @@ def _arguments(device: rt.HalDevice, passed: list[torch.Tensor], whole=()) -> rt
 
 @functools.cache
 def _parallel_work() -> torch.Tensor:
-    return torch.empty(1 << 17)  # past ATen's grain size (32768): its fill runs on all threads
+    """Kept for the process: made outside inference mode, whatever the first call's mode (an
+    inference tensor cannot be written outside it)."""
+    with torch.inference_mode(False):
+        return torch.empty(1 << 17)  # past ATen's grain size (32768): its fill runs on all threads
 
 
 def _after_torch_work() -> None:

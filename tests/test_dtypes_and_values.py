@@ -176,6 +176,21 @@ def test_multilabel_margin_loss_stops_at_the_first_minus_one(reduction, dynamic,
             torch.testing.assert_close(torch.autograd.grad(ours, x, g), torch.autograd.grad(ref, x, g))
 
 
+@pytest.mark.parametrize("mode", ["bilinear", "nearest", "bicubic"])
+def test_grid_sample_of_coordinates_that_are_not_finite(mode, monkeypatch):
+    """A NaN or infinite grid coordinate with zeros padding: bilinear and bicubic sampling
+    give NaN there, as eager does (torch._decomp's bilinear gave 0), nearest gives 0."""
+    f = _checked_here(lambda x, g: F.grid_sample(x, g, mode=mode, padding_mode="zeros", align_corners=False),
+                      False, monkeypatch)
+    gen = torch.Generator().manual_seed(7)
+    x, grid = torch.randn(2, 3, 9, 13, generator=gen), torch.rand(2, 11, 5, 2, generator=gen) * 2.4 - 1.2
+    spoilt = torch.rand(grid.shape, generator=gen) < 0.15
+    grid[spoilt] = torch.tensor([float("nan"), float("inf"), -float("inf")])[torch.arange(int(spoilt.sum())) % 3]
+    ours, ref = f(x, grid), F.grid_sample(x, grid, mode=mode, padding_mode="zeros", align_corners=False)
+    assert torch.equal(ours.isnan(), ref.isnan()) and ref.isnan().any() == (mode != "nearest")
+    torch.testing.assert_close(ours, ref, equal_nan=True)
+
+
 @pytest.mark.parametrize("shape, args, src", [
     ((8, 4), (0, 3, -1), (4, 4)), ((8, 4), (0, -5, -1), (4, 4)), ((8, 4), (-2, 0, 3), (3, 4)),
     ((8, 4), (0, 5, 100), (3, 4)), ((1, 9, 3), (1, 2, 5), (1, 3, 3)), ((8, 5), (-1, -4, 8, 2), (8, 2)),

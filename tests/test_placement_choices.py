@@ -90,6 +90,29 @@ def test_each_timed_driver_call_follows_torch_work(monkeypatch, tmp_path):
     assert all(b == "iree" for a, b in zip(timed, timed[1:]) if a == "torch"), events
 
 
+def test_a_first_measurement_under_inference_mode_leaves_later_ones_working(monkeypatch, tmp_path):
+    """The scratch tensor that timed driver calls fill between them lives for the process. Made
+    under inference mode by the first measurement, it could not be written outside it: every
+    later module measured outside inference mode failed ("Inplace update to inference tensor
+    outside InferenceMode")."""
+    from boo_backend import runtime
+
+    chosen = _calls_of(monkeypatch, "_choose")
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)  # the fill runs only with threads
+    runtime._parallel_work.cache_clear()
+    try:
+        _fresh_cache(monkeypatch, tmp_path)
+        x, w = _inputs()
+        with torch.inference_mode():
+            assert_close(torch.compile(_gelu_scale, backend="boo")(x, w), _gelu_scale(x, w))
+        torch._dynamo.reset()
+        _fresh_cache(monkeypatch, tmp_path / "second")
+        assert_close(torch.compile(_gelu_scale, backend="boo")(x, w), _gelu_scale(x, w))
+        assert len(chosen) == 2, "the driver was not measured both times"
+    finally:
+        runtime._parallel_work.cache_clear()
+
+
 def test_the_openmp_hint_is_logged_once(monkeypatch, caplog):
     from boo_backend import runtime
 

@@ -1,7 +1,8 @@
 """Pooling forward and backward in IREE against float64 eager: average pooling with ceil_mode
 (torch-mlir's lowering fails where a stride is 1 and is wrong with symbolic sizes), the
-backward of average pooling in 2 and 3 dims, and 3d max pooling's backward, none of which
-torch-mlir lowers. Strict mode proves that no part ran as an eager island."""
+backward of average pooling in 2 and 3 dims, adaptive average pooling's backward (an eager
+island in every training graph) and 3d max pooling's backward, none of which torch-mlir
+lowers; adaptive average pooling of bf16 summed its windows in bf16. Strict mode proves that no part ran as an eager island."""
 
 import pytest
 import torch
@@ -25,6 +26,10 @@ CASES = {
     "avg2d_floor": (lambda x: F.avg_pool2d(x, 3, 2, padding=1, count_include_pad=False), [(2, 3, 17, 20), (3, 3, 67, 21)]),
     "avg3d": (lambda x: F.avg_pool3d(x, 2, 2, ceil_mode=True), [(2, 3, 5, 7, 9), (3, 2, 8, 9, 11)]),
     "max3d": (lambda x: F.max_pool3d(x, 2, 2), [(2, 3, 5, 7, 9), (3, 2, 8, 9, 11)]),
+    # windows of unequal sizes where the input does not divide (11 into 2: 6 and 6, overlapping)
+    "adaptive_avg1d": (lambda x: F.adaptive_avg_pool1d(x, 5), [(2, 5, 38), (3, 5, 71), (2, 5, 131)]),
+    "adaptive_avg2d": (lambda x: F.adaptive_avg_pool2d(x, (2, 7)), [(2, 3, 11, 20), (3, 3, 67, 21), (2, 3, 130, 67)]),
+    "adaptive_avg3d": (lambda x: F.adaptive_avg_pool3d(x, (2, 3, 4)), [(2, 3, 5, 7, 9), (3, 2, 8, 9, 11)]),
 }
 REL = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
 
