@@ -18,7 +18,8 @@ import torch
 
 from . import fastpaths
 from .nans import PRIMS
-from .pooling import adaptive_avg_pool_backward, avg_pool_backward, max_pool3d_with_indices_backward
+from .pooling import (adaptive_avg_pool_backward, adaptive_max_pool, avg_pool_backward, max_pool3d_with_indices_backward,
+                      max_pool_backward_at_indices)
 from .refusals import raise_when_run, refusal
 from .symbolic import expr
 
@@ -444,7 +445,10 @@ UNLOWERED = frozenset({
     aten.avg_pool2d_backward.default, aten.avg_pool3d_backward.default,
     aten.max_pool3d_with_indices_backward.default,
     aten._adaptive_avg_pool2d_backward.default, aten._adaptive_avg_pool3d_backward.default,
+    aten.adaptive_max_pool2d_backward.default, aten.adaptive_max_pool3d_backward.default,
+    aten.adaptive_max_pool2d.default, aten.adaptive_max_pool3d.default,
     aten.diagonal_scatter.default,  # lowered, but iree-compile rejects what it gives
+    aten.bitwise_or.Scalar, aten.bitwise_xor.Scalar,
 })
 
 def _dist(input, other, p=2):
@@ -505,6 +509,16 @@ def _addcmul(self, tensor1, tensor2, *, value=1):
     return _torchs(aten.addcmul.default)(self, tensor1, tensor2, value=value)
 
 
+def _bitwise_with_a_number(op):
+    """bitwise_or/xor of a tensor and a number as of two tensors (the number's a 0-d one of
+    the tensor's dtype): torch-mlir lowers only the Tensor forms, and torch._decomp's entry
+    brings in prims, so `ids | 1` ran as an eager island."""
+    def run(x, other):
+        return op(x, aten.scalar_tensor.default(other, dtype=x.dtype, device=x.device))
+
+    return run
+
+
 def _refusing(op):
     """torch._decomp's `op`, raising eager's error when the graph runs where eager refuses
     the call (refusals.refusal): AOTAutograd decomposes it before boo's own refusals see it."""
@@ -541,11 +555,17 @@ FALLBACK = {
     aten._scaled_dot_product_flash_attention_for_cpu_backward.default: _flash_attention_cpu_backward,
     aten.as_strided_scatter.default: _as_strided_scatter,
     aten.diagonal_scatter.default: _diagonal_scatter,
+    aten.bitwise_or.Scalar: _bitwise_with_a_number(aten.bitwise_or.Tensor),
+    aten.bitwise_xor.Scalar: _bitwise_with_a_number(aten.bitwise_xor.Tensor),
     aten.avg_pool2d_backward.default: functools.partial(avg_pool_backward, 2),
     aten.avg_pool3d_backward.default: functools.partial(avg_pool_backward, 3),
     aten.max_pool3d_with_indices_backward.default: max_pool3d_with_indices_backward,
     aten._adaptive_avg_pool2d_backward.default: functools.partial(adaptive_avg_pool_backward, 2),
     aten._adaptive_avg_pool3d_backward.default: functools.partial(adaptive_avg_pool_backward, 3),
+    aten.adaptive_max_pool2d_backward.default: functools.partial(max_pool_backward_at_indices, 2),
+    aten.adaptive_max_pool2d.default: functools.partial(adaptive_max_pool, 2),
+    aten.adaptive_max_pool3d.default: functools.partial(adaptive_max_pool, 3),
+    aten.adaptive_max_pool3d_backward.default: functools.partial(max_pool_backward_at_indices, 3),
     aten._weight_norm_interface_backward.default: _weight_norm_interface_backward,
     aten.convolution_backward.default: _transposed_convolution_backward,
     aten.convolution.default: _depthwise_convolution,

@@ -94,15 +94,14 @@ def wrong_when_dynamic(node: fx.Node) -> bool:
     return bool(ceil)
 
 
-def _unsigned_alone(node: fx.Node, unsigned: set) -> bool:
+def _unsigned_alone(args, kwargs, out, unsigned: set) -> bool:
     """Whether an _UNSIGNED_SAFE op meets no Python number and gives its unsigned dtype (or
     bool): torch-mlir turns a scalar into the tensor's signless type and promotes to float
     as if it were signed, so `img * 0.5` gave -28 for 200 and `img < 200` was False there."""
-    if any(isinstance(a, (int, float)) and not isinstance(a, bool) for a in node.args[1:]):
+    if any(isinstance(a, (int, float)) and not isinstance(a, bool) for a in args[1:]):
         return False
-    if any(isinstance(v, (int, float)) and not isinstance(v, bool) for v in node.kwargs.values()):
+    if any(isinstance(v, (int, float)) and not isinstance(v, bool) for v in kwargs.values()):
         return False
-    out = node.meta.get("val")
     outs = out if isinstance(out, (tuple, list)) else [out]
     return all(not isinstance(o, torch.Tensor) or o.dtype in unsigned or o.dtype == torch.bool for o in outs)
 
@@ -128,12 +127,79 @@ def wrong_in_iree(node: fx.Node) -> bool:
     accumulate = len(node.args) > 3 and node.args[3]
     if op in (aten.index_put.default, aten._index_put_impl_.default) and accumulate and torch.bool in dtypes:
         return True  # True + True overflows i1 to False; eager's bool sum is a logical or
+    return _unsigned_wrong(op, dtypes, node.args, node.kwargs, node.meta.get("val"))
+
+
+def _unsigned_wrong(op, dtypes: set, args, kwargs, out) -> bool:
+    """Whether a call of `op` on tensors of `dtypes` giving `out` meets an unsigned integer
+    where IREE computes it as a signed one."""
     unsigned = dtypes & set(_UNSIGNED)
     if not unsigned or op.is_view:
         return False
     if op in _UNSIGNED_SAFE:
-        return not _unsigned_alone(node, unsigned)
+        return not _unsigned_alone(args, kwargs, out, unsigned)
     if op is aten._to_copy.default:  # unsigned to float or bool is right; to int is not
-        out = node.meta.get("val")
         return not (isinstance(out, torch.Tensor) and (out.dtype.is_floating_point or out.dtype in {torch.bool, *unsigned}))
     return True
+
+
+# An unsigned integer computed in a signed type that holds all its values, where IREE would
+# compute it wrongly (_unsigned_wrong): read through a float, which the unsigned-to-float cast
+# (right in IREE) holds exactly, and cast back to the unsigned type where eager's result has
+# it (wrapping as eager wraps). uint8 only: eager implements few ops for the wider unsigned
+# types (`a + 3` on uint32 raises), and an island raises as eager does.
+_WIDER = {torch.uint8: (torch.float32, torch.int32)}
+
+
+def widens(node: fx.Node) -> bool:
+    """Whether `node` would be an island for its unsigned integers alone, and widened()
+    computes it in IREE."""
+    if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload) or not wrong_in_iree(node):
+        return False
+    dtypes = {v.dtype for a in node.all_input_nodes if isinstance(v := a.meta.get("val"), torch.Tensor)}
+    unsigned = dtypes & set(_UNSIGNED)
+    return bool(unsigned) and unsigned <= _WIDER.keys() and _unsigned_wrong(
+        node.target, dtypes, node.args, node.kwargs, node.meta.get("val"))
+
+
+def _tensors(values) -> list:
+    found = []
+    for v in values:
+        if isinstance(v, torch.Tensor):
+            found.append(v)
+        elif isinstance(v, (list, tuple)):
+            found += _tensors(v)
+    return found
+
+
+def _wide(v):
+    if isinstance(v, torch.Tensor) and v.dtype in _WIDER:
+        through, wide = _WIDER[v.dtype]
+        return aten._to_copy.default(aten._to_copy.default(v, dtype=through), dtype=wide)
+    if isinstance(v, (list, tuple)):
+        return type(v)(_wide(x) for x in v)
+    return v
+
+
+def widened(op):
+    """A PRE_LOWERING-style rewrite of `op` for the calls _unsigned_wrong names: the unsigned
+    tensors widened (_WIDER), `op` on them, and each result cast to eager's dtype for it
+    (found without tracing), so `img + 3` wraps at 256 and `img.max()` stays uint8."""
+    from torch.fx.experimental.proxy_tensor import disable_proxy_modes_tracing
+
+    def rewrite(*args, **kwargs):
+        tensors = _tensors([*args, *kwargs.values()])
+        dtypes = {t.dtype for t in tensors}
+        if not (dtypes & set(_UNSIGNED)) or not (dtypes & set(_UNSIGNED)) <= _WIDER.keys():
+            return NotImplemented
+        with disable_proxy_modes_tracing():
+            expected = op(*args, **kwargs)
+        if not _unsigned_wrong(op, dtypes, args, kwargs, expected):
+            return NotImplemented
+        out = op(*_wide(args), **{k: _wide(v) for k, v in kwargs.items()})
+        if isinstance(out, torch.Tensor):
+            return out if out.dtype == expected.dtype else aten._to_copy.default(out, dtype=expected.dtype)
+        return type(out)(o if not isinstance(o, torch.Tensor) or o.dtype == e.dtype
+                         else aten._to_copy.default(o, dtype=e.dtype) for o, e in zip(out, expected))
+
+    return rewrite

@@ -31,6 +31,7 @@ from .arith import _first_of
 from .decompositions import FALLBACK, cast_to, expected_results
 from .rewrites import PRE_LOWERING, needs_pre_lowering
 from .embed import mlir_op_name
+from .miscompiles import widened, widens
 
 aten = torch.ops.aten
 
@@ -292,6 +293,10 @@ def preparation_table(gm: fx.GraphModule, decompositions: dict, canonical: dict)
         table.update({op: _first_of(keep_strides(op, rewrite), canonical[op]) if op in canonical
                       else keep_strides(op, rewrite) for op, rewrite in PRE_LOWERING.items()})
     table.update(decompositions)
+    # Unsigned integers where IREE would compute them as signed: in a wider signed type
+    # (miscompiles.widened), ahead of whatever else the table does with the op.
+    for op in {n.target for n in compute_nodes(gm) if widens(n)}:
+        table[op] = _first_of(keep_strides(op, widened(op)), table[op]) if op in table else keep_strides(op, widened(op))
     return table
 
 

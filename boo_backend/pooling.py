@@ -123,17 +123,65 @@ def avg_pool_backward(nd: int, grad_out, x, kernel_size, stride, padding, ceil_m
     return out_grad.squeeze(0) if unbatched else out_grad
 
 
-def max_pool3d_with_indices_backward(grad_out, x, kernel_size, stride, padding, dilation, ceil_mode,
-                                     indices):
+def unbatched(x, *args, **kwargs) -> bool:
+    """Whether a 2d pooling's input has no batch dim (avg_pool1d's goes through 2d so)."""
+    return isinstance(x, torch.Tensor) and x.dim() == 3
+
+
+def batched(op):
+    """2d pooling `op` of an input with no batch dim as of a batch of one: torch-mlir lowers
+    avg_pool2d of 4-d inputs only, and the unbatched call ran as an eager island."""
+
+    def rewrite(x, *args, **kwargs):
+        if not unbatched(x):
+            return NotImplemented
+        return op(x.unsqueeze(0), *args, **kwargs).squeeze(0)
+
+    return rewrite
+
+
+def max_pool_backward_at_indices(nd: int, grad_out, x, indices):
     """Each output gradient added at the input position its maximum came from: `indices`
-    count within each channel's flattened spatial dims. torch-mlir lowers the 2d op but not
-    the 3d one."""
-    planes = list(x.shape[:-3])
-    numel = x.shape[-3] * x.shape[-2] * x.shape[-1]
+    count within each channel's flattened spatial dims. torch-mlir lowers max_pool2d's
+    backward but not the 3d one, nor adaptive max pooling's."""
+    planes = list(x.shape[:-nd])
+    numel = math.prod(x.shape[-nd:])
     grad = torch.zeros(planes + [numel], dtype=grad_out.dtype, device=grad_out.device)
     # dim counted from the front: torch-mlir's scatter lowering crashes on a negative one
     grad = grad.scatter_add(len(planes), indices.reshape(planes + [-1]), grad_out.reshape(planes + [-1]))
     return grad.reshape(x.shape)
+
+
+def adaptive_max_pool(nd: int, x, output_size):
+    """Adaptive max pooling over the last `nd` dims, with eager's indices (into each plane's
+    flattened spatial dims): every window read as ceil(size / out) + 1 positions from its
+    start, those past its end clamped to its last (a repeat after the original cannot win
+    the first maximum), then one max over each window's positions in row-major order, as
+    eager scans it. torch-mlir's lowering fails to compile where windows overlap unevenly (6
+    into 4) and cannot take symbolic sizes, so a model compiled once per shape."""
+    spatial, out = list(x.shape[-nd:]), list(output_size)
+    flat = None
+    for d, (size, o) in enumerate(zip(spatial, out)):
+        i = torch.arange(o, dtype=torch.int64, device=x.device)
+        start = torch.div(i * size, o, rounding_mode="floor")
+        end = torch.div((i + 1) * size + o - 1, o, rounding_mode="floor")
+        reach = torch.arange((size + o - 1) // o + 1, dtype=torch.int64, device=x.device)
+        pos = torch.minimum(start.unsqueeze(1) + reach.unsqueeze(0), end.unsqueeze(1) - 1)  # [o, L]
+        shape = [1] * (2 * nd)
+        shape[d], shape[nd + d] = o, -1
+        term = pos.reshape(shape) * math.prod(spatial[d + 1:])
+        flat = term if flat is None else flat + term
+    windows = flat.reshape(math.prod(out), -1)  # [outputs, positions]: flat input indices
+    planes = list(x.shape[:-nd])
+    taken = x.reshape(planes + [-1]).index_select(len(planes), windows.reshape(-1))
+    values, k = taken.reshape(planes + list(windows.shape)).max(-1)
+    indices = torch.gather(windows.expand(planes + list(windows.shape)), -1, k.unsqueeze(-1)).squeeze(-1)
+    return values.reshape(planes + out), indices.reshape(planes + out)
+
+
+def max_pool3d_with_indices_backward(grad_out, x, kernel_size, stride, padding, dilation, ceil_mode,
+                                     indices):
+    return max_pool_backward_at_indices(3, grad_out, x, indices)
 
 
 def _adaptive_windows(out, size, like: torch.Tensor):

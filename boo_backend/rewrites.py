@@ -20,7 +20,7 @@ from .arith import ARITH_REWRITES, INT8_REWRITES, _first_of
 from .halves import HALF_REWRITES, _accumulate_in_f32, _is_half
 from .f64 import F64_REWRITES, IN_F64, _negative
 from .nans import NAN_REWRITES, _inner, _nested
-from .pooling import ceil_mode_avg_pool
+from .pooling import batched, ceil_mode_avg_pool, unbatched
 from .refusals import REFUSAL_REWRITES
 from .symbolic import expr, is_row_major, is_static
 
@@ -429,8 +429,9 @@ _REWRITES = _merged(REFUSAL_REWRITES, INT8_REWRITES, F64_REWRITES, IN_F64, NAN_R
     aten.var.correction: (lambda *a, **k: _is_half(*a, **k) or _reduces_nothing(*a, **k), _first_of(
         _var_of_nothing(aten.var.correction), _accumulate_in_f32(aten.var.correction, has_dtype=False))),
     aten.std.correction: (_reduces_nothing, _var_of_nothing(aten.std.correction)),
-    aten.avg_pool2d.default: (lambda *a, **k: _is_half(*a, **k) or _ceil_mode(*a, **k), _first_of(
-        functools.partial(ceil_mode_avg_pool, 2), _accumulate_in_f32(aten.avg_pool2d.default, has_dtype=False))),
+    aten.avg_pool2d.default: (lambda *a, **k: _is_half(*a, **k) or _ceil_mode(*a, **k) or unbatched(*a), _first_of(
+        functools.partial(ceil_mode_avg_pool, 2), batched(aten.avg_pool2d.default),
+        _accumulate_in_f32(aten.avg_pool2d.default, has_dtype=False))),
     aten.avg_pool3d.default: (_ceil_mode, functools.partial(ceil_mode_avg_pool, 3)),
     aten.index_put.default: (_has_index, _first_of(_index_put_mask, _index_put_wrapped)),
     aten.index.Tensor: (_several_symbolic_indices, _index_flattened),

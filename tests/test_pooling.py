@@ -2,7 +2,8 @@
 (torch-mlir's lowering fails where a stride is 1 and is wrong with symbolic sizes), the
 backward of average pooling in 2 and 3 dims, adaptive average pooling's backward (an eager
 island in every training graph) and 3d max pooling's backward, none of which torch-mlir
-lowers; adaptive average pooling of bf16 summed its windows in bf16. Strict mode proves that no part ran as an eager island."""
+lowers; adaptive average pooling of bf16 summed its windows in bf16; adaptive max pooling's
+backward, and average pooling of an input with no batch dim. Strict mode proves that no part ran as an eager island."""
 
 import pytest
 import torch
@@ -27,9 +28,13 @@ CASES = {
     "avg3d": (lambda x: F.avg_pool3d(x, 2, 2, ceil_mode=True), [(2, 3, 5, 7, 9), (3, 2, 8, 9, 11)]),
     "max3d": (lambda x: F.max_pool3d(x, 2, 2), [(2, 3, 5, 7, 9), (3, 2, 8, 9, 11)]),
     # windows of unequal sizes where the input does not divide (11 into 2: 6 and 6, overlapping)
-    "adaptive_avg1d": (lambda x: F.adaptive_avg_pool1d(x, 5), [(2, 5, 38), (3, 5, 71), (2, 5, 131)]),
+    "adaptive_avg1d": (lambda x: F.adaptive_avg_pool1d(x, 5), [(2, 5, 38), (3, 5, 131)]),
     "adaptive_avg2d": (lambda x: F.adaptive_avg_pool2d(x, (2, 7)), [(2, 3, 11, 20), (3, 3, 67, 21), (2, 3, 130, 67)]),
     "adaptive_avg3d": (lambda x: F.adaptive_avg_pool3d(x, (2, 3, 4)), [(2, 3, 5, 7, 9), (3, 2, 8, 9, 11)]),
+    # windows that overlap unevenly (6 into 4, 67 into 3): torch-mlir's lowering fails there
+    "adaptive_max2d": (lambda x: F.adaptive_max_pool2d(x, (4, 3)), [(2, 3, 6, 12), (3, 3, 68, 67)]),
+    # no batch dim: torch-mlir lowers avg_pool2d of 4-d inputs only (avg_pool1d's goes through it)
+    "avg1d_unbatched": (lambda x: F.avg_pool1d(x, 2), [(5, 38), (3, 131)]),
 }
 REL = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
 
