@@ -54,14 +54,14 @@ def refusal(op, args, kwargs) -> str | None:
     if not (numbers or bools) or any(isinstance(v, torch.SymInt | torch.SymFloat) for v in values):
         return None
     def empty(v):  # sizes (full's) become 0 too: nothing is allocated
-        if isinstance(v, torch.Tensor):
-            return torch.empty((0,) * v.dim(), dtype=v.dtype)
+        if isinstance(v, torch.Tensor):  # a 0-d one holds a zero (uninitialized, a target read past the classes)
+            return torch.zeros((), dtype=v.dtype) if v.dim() == 0 else torch.empty((0,) * v.dim(), dtype=v.dtype)
         return [0 if isinstance(x, int | torch.SymInt) else empty(x) for x in v] if isinstance(v, list | tuple) else v
 
     with disable_proxy_modes_tracing(), unset_fake_temporarily():
         try:
             op(*[empty(a) for a in args], **{k: "cpu" if k == "device" else empty(v) for k, v in kwargs.items()})
-        except RuntimeError as e:
+        except Exception as e:  # any other error of the stand-ins' sizes (IndexError, ValueError) is no refusal
             message = str(e).splitlines()[0] if str(e) else ""
             return message if any(r in message for r in _REFUSALS) else None
     return None

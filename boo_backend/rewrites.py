@@ -83,6 +83,20 @@ def _atan2(y, x):
     return aten.where.self(nan, aten.add.Tensor(y, x), r)
 
 
+def _not_f64(x, *args, **kwargs) -> bool:
+    return isinstance(x, torch.Tensor) and x.dtype.is_floating_point and x.dtype != torch.float64
+
+
+def _log10(x):
+    """log10 as log(x) / log(10) in float32 (half types rounded once at the end): IREE's CPU
+    target links no log10f, so every float32 log10 ran as an eager island. float64's is
+    libm's (compile.Target.f64_flags)."""
+    if not _not_f64(x):
+        return NotImplemented
+    r = aten.div.Scalar(aten.log.default(aten._to_copy.default(x, dtype=torch.float32)), math.log(10.0))
+    return r if x.dtype == torch.float32 else aten._to_copy.default(r, dtype=x.dtype)
+
+
 # float8 conversions. IREE 3.13's own are right but for two bands: a value just below the
 # smallest normal float8 (0.0147 to float8_e4m3fn, whose smallest normal is 2^-6) becomes 0
 # where it rounds up to that normal, float8_e4m3fn's negative NaN (0xFF) reads as -480, and
@@ -418,6 +432,7 @@ def _merged(*tables: dict) -> dict:
 _REWRITES = _merged(REFUSAL_REWRITES, INT8_REWRITES, F64_REWRITES, IN_F64, NAN_REWRITES, ARITH_REWRITES,
                     HALF_REWRITES, {
     aten.atan2.default: (lambda *a, **k: True, _atan2),
+    aten.log10.default: (_not_f64, _log10),
     aten.sum.dim_IntList: (_is_full, _first_of(
         _accumulate_in_f32(aten.sum.dim_IntList), _two_stage_reduction(aten.sum.dim_IntList))),
     aten.sum.default: (_is_full, _first_of(

@@ -221,6 +221,35 @@ def test_bitwise_or_and_xor_with_a_number():
         assert o.dtype == r.dtype and torch.equal(o, r)
 
 
+def test_losses_of_one_sample_with_a_0d_target(monkeypatch):
+    """cross_entropy and nll_loss of unbatched scores (a 0-d class index): boo's check for
+    calls eager refuses tried them on a 0-d stand-in target of uninitialized memory and
+    raised eager's IndexError for it ("Target 139813599371384 is out of bounds")."""
+    f = _checked_here(lambda x, t, w: (F.cross_entropy(x, t, weight=w, label_smoothing=0.1),
+                                       F.nll_loss(x.log_softmax(0), t)), False, monkeypatch)
+    x, w = torch.randn(7, requires_grad=True), torch.rand(7)
+    for t in (torch.tensor(2), torch.tensor(6)):
+        ours, ref = f(x, t, w), (F.cross_entropy(x, t, weight=w, label_smoothing=0.1), F.nll_loss(x.log_softmax(0), t))
+        torch.testing.assert_close(ours, ref)
+        torch.testing.assert_close(torch.autograd.grad(sum(ours), x), torch.autograd.grad(sum(ref), x))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_log10_in_iree(dtype):
+    """IREE's CPU target links no log10f: float32 log10 ran as an eager island."""
+    x = torch.cat([torch.tensor([1.0, 10.0, 100.0, 1e-3, 1e30, 0.0, -1.0, float("inf"), float("nan")]),
+                   torch.rand(300, generator=torch.Generator().manual_seed(4)) * 1000]).to(dtype).requires_grad_()
+    ours = _compiled(torch.log10, x)
+    (grad,) = torch.autograd.grad(ours.sum(), x)
+    ref = torch.log10(x.detach().double())
+    # 1, 10, 100, 1e-3, 1e30, 0, -1, inf, nan: exactly eager's (0, 1, 2, -3, 30, -inf, nan, inf, nan)
+    torch.testing.assert_close(ours[:9], torch.log10(x[:9].detach()), equal_nan=True, rtol=0, atol=0)
+    torch.testing.assert_close(ours.double(), ref, equal_nan=True, **({} if dtype == torch.float32 else {"rtol": 8e-3, "atol": 0}),
+                               check_dtype=False)
+    torch.testing.assert_close(grad.double(), 1 / (x.detach().double() * math.log(10)), equal_nan=True,
+                               check_dtype=False, **({} if dtype == torch.float32 else {"rtol": 8e-3, "atol": 0}))
+
+
 @pytest.mark.parametrize("shape, args, src", [
     ((8, 4), (0, 3, -1), (4, 4)), ((8, 4), (0, -5, -1), (4, 4)), ((8, 4), (-2, 0, 3), (3, 4)),
     ((8, 4), (0, 5, 100), (3, 4)), ((1, 9, 3), (1, 2, 5), (1, 3, 3)), ((8, 5), (-1, -4, 8, 2), (8, 2)),
