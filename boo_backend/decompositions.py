@@ -19,7 +19,7 @@ import torch
 from . import fastpaths
 from .nans import PRIMS
 from .pooling import (adaptive_avg_pool_backward, adaptive_max_pool, avg_pool_backward, max_pool3d_with_indices_backward,
-                      max_pool_backward_at_indices)
+                      max_pool_backward_at_indices, replication_pad_backward)
 from .refusals import raise_when_run, refusal
 from .symbolic import expr
 
@@ -447,6 +447,8 @@ UNLOWERED = frozenset({
     aten._adaptive_avg_pool2d_backward.default, aten._adaptive_avg_pool3d_backward.default,
     aten.adaptive_max_pool2d_backward.default, aten.adaptive_max_pool3d_backward.default,
     aten.adaptive_max_pool2d.default, aten.adaptive_max_pool3d.default,
+    aten.replication_pad1d_backward.default, aten.replication_pad2d_backward.default,
+    aten.replication_pad3d_backward.default,
     aten.diagonal_scatter.default,  # lowered, but iree-compile rejects what it gives
     aten.bitwise_or.Scalar, aten.bitwise_xor.Scalar,
 })
@@ -564,6 +566,8 @@ FALLBACK = {
     aten._adaptive_avg_pool3d_backward.default: functools.partial(adaptive_avg_pool_backward, 3),
     aten.adaptive_max_pool2d_backward.default: functools.partial(max_pool_backward_at_indices, 2),
     aten.adaptive_max_pool2d.default: functools.partial(adaptive_max_pool, 2),
+    **{getattr(aten, f"replication_pad{nd}d_backward").default: functools.partial(replication_pad_backward, nd)
+       for nd in (1, 2, 3)},
     aten.adaptive_max_pool3d.default: functools.partial(adaptive_max_pool, 3),
     aten.adaptive_max_pool3d_backward.default: functools.partial(max_pool_backward_at_indices, 3),
     aten._weight_norm_interface_backward.default: _weight_norm_interface_backward,

@@ -1,6 +1,6 @@
 """Pooling rewritten for torch-mlir: average pooling with ceil_mode (a pre-lowering rewrite)
 and the pooling backwards torch-mlir knows but does not lower (FALLBACK entries), adaptive
-average pooling's among them. A leaf:
+average pooling's and replicate padding's among them. A leaf:
 imports nothing from boo_backend. Every size may be symbolic, so divisors and crops are
 tensor ops and sym_min/sym_max, never Python tests that would become guards.
 """
@@ -177,6 +177,25 @@ def adaptive_max_pool(nd: int, x, output_size):
     values, k = taken.reshape(planes + list(windows.shape)).max(-1)
     indices = torch.gather(windows.expand(planes + list(windows.shape)), -1, k.unsqueeze(-1)).squeeze(-1)
     return values.reshape(planes + out), indices.reshape(planes + out)
+
+
+def replication_pad_backward(nd: int, grad_out, x, padding):
+    """Each output gradient added at the input position replicate padding read it from: per
+    padded dim, an index_add over the clamped positions (the padding is one gather per dim,
+    so its backward is one scatter per dim). torch-mlir lowers the forward only. Half types
+    are summed in float32 and rounded once."""
+    compute = torch.float32 if grad_out.dtype in (torch.float16, torch.bfloat16) else grad_out.dtype
+    grad = grad_out.to(compute)
+    first = x.dim() - nd
+    for d in range(nd):
+        dim = first + d
+        left = padding[2 * (nd - 1 - d)]  # padding lists the last dim first
+        size = x.shape[dim]
+        read = torch.clamp(torch.arange(grad.shape[dim], dtype=torch.int64, device=x.device) - left, 0, size - 1)
+        shape = list(grad.shape)
+        shape[dim] = size
+        grad = torch.zeros(shape, dtype=compute, device=x.device).index_add(dim, read, grad)
+    return grad.to(grad_out.dtype)
 
 
 def max_pool3d_with_indices_backward(grad_out, x, kernel_size, stride, padding, dilation, ceil_mode,

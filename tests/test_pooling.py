@@ -3,7 +3,7 @@
 backward of average pooling in 2 and 3 dims, adaptive average pooling's backward (an eager
 island in every training graph) and 3d max pooling's backward, none of which torch-mlir
 lowers; adaptive average pooling of bf16 summed its windows in bf16; adaptive max pooling's
-backward, and average pooling of an input with no batch dim. Strict mode proves that no part ran as an eager island."""
+backward, average pooling of an input with no batch dim, and replicate padding's backward. Strict mode proves that no part ran as an eager island."""
 
 import pytest
 import torch
@@ -35,6 +35,8 @@ CASES = {
     "adaptive_max2d": (lambda x: F.adaptive_max_pool2d(x, (4, 3)), [(2, 3, 6, 12), (3, 3, 68, 67)]),
     # no batch dim: torch-mlir lowers avg_pool2d of 4-d inputs only (avg_pool1d's goes through it)
     "avg1d_unbatched": (lambda x: F.avg_pool1d(x, 2), [(5, 38), (3, 131)]),
+    # replicate padding's backward (torch-mlir lowers the forward only), a negative pad crops
+    "replicate_pad2d": (lambda x: F.pad(x, (1, 2, 3, -1), mode="replicate"), [(2, 3, 17, 20), (3, 3, 67, 21)]),
 }
 REL = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
 
