@@ -147,6 +147,21 @@ def _diagonal_scatter(x, src, offset=0, dim1=0, dim2=1):
     return torch.where(on, placed, x)
 
 
+def _masked_scatter_backward(grad, mask, sizes):
+    """The gradient of masked_scatter's source: grad's elements where `mask` holds, in order,
+    in a tensor of the source's `sizes` (zeros past the last). Each masked element goes to
+    its rank among the masked ones (a cumulative sum), the rest to one slot past the end
+    that is dropped: static sizes, where eager's masked_select has a size only the data
+    knows. It was an eager island (a vision-language model's image features placed into
+    its token embeddings)."""
+    mask = mask.expand(grad.shape).reshape(-1)
+    total = math.prod(sizes)
+    rank = torch.cumsum(mask.to(torch.int64), 0) - 1
+    slot = torch.where(mask, rank.clamp_max(total), total)  # a mask with more places than sizes holds: dropped
+    placed = torch.zeros(total + 1, dtype=grad.dtype, device=grad.device).scatter_add(0, slot, grad.reshape(-1))
+    return placed[:total].reshape(sizes)
+
+
 def _as_strided_scatter(x, src, size, stride, storage_offset=None):
     """`x` with the elements of its as_strided(size, stride, offset) view replaced by `src`
     (AOTAutograd's backward of an as_strided view, e.g. under adaptive average pooling).
@@ -448,7 +463,7 @@ UNLOWERED = frozenset({
     aten.adaptive_max_pool2d_backward.default, aten.adaptive_max_pool3d_backward.default,
     aten.adaptive_max_pool2d.default, aten.adaptive_max_pool3d.default,
     aten.replication_pad1d_backward.default, aten.replication_pad2d_backward.default,
-    aten.replication_pad3d_backward.default,
+    aten.replication_pad3d_backward.default, aten.masked_scatter_backward.default,
     aten.diagonal_scatter.default,  # lowered, but iree-compile rejects what it gives
     aten.bitwise_or.Scalar, aten.bitwise_xor.Scalar,
 })
@@ -557,6 +572,7 @@ FALLBACK = {
     aten._scaled_dot_product_flash_attention_for_cpu_backward.default: _flash_attention_cpu_backward,
     aten.as_strided_scatter.default: _as_strided_scatter,
     aten.diagonal_scatter.default: _diagonal_scatter,
+    aten.masked_scatter_backward.default: _masked_scatter_backward,
     aten.bitwise_or.Scalar: _bitwise_with_a_number(aten.bitwise_or.Tensor),
     aten.bitwise_xor.Scalar: _bitwise_with_a_number(aten.bitwise_xor.Tensor),
     aten.avg_pool2d_backward.default: functools.partial(avg_pool_backward, 2),

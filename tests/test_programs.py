@@ -1,7 +1,7 @@
 """Small training programs written the way users write them (issue 19), each trained 3 steps
 with torch.compile(backend="boo") against the same program in eager, in strict mode, with
 no eager islands: a GPT with AdamW and gradient clipping, a CNN with dropout and nll_loss, a
-VAE, a spatial transformer network, a GAN with transposed convolutions, an LSTM and a GRU language model, a float64 model
+VAE, a spatial transformer network, a vision-language merge, a GAN with transposed convolutions, an LSTM and a GRU language model, a float64 model
 trained with LBFGS, bf16 autocast, activation checkpointing, and a compiled whole step.
 
 Randomness (dropout) draws from boo's generator, not eager's, so programs with dropout are
@@ -215,6 +215,50 @@ def test_spatial_transformer(mode, padding, align_corners):
         torch.manual_seed(0)
         model = STN(mode, padding, align_corners)
         return model, torch.optim.Adam(model.parameters(), lr=1e-2)
+
+    _compare(make, batches, _sgd_step(loss_fn), rel=1e-3)
+
+
+# -- image features placed into token embeddings (a vision-language model) ------------------
+
+
+class TinyVLM(nn.Module):
+    """LLaVA's merge: the projected image patches replace the embeddings of the image tokens
+    (masked_scatter), then a text model reads the sequence."""
+
+    IMAGE_TOKEN = 3
+
+    def __init__(self, vocab=37, width=24, patch=12):
+        super().__init__()
+        self.embed, self.project = nn.Embedding(vocab, width), nn.Linear(patch, width)
+        self.layer = nn.TransformerEncoderLayer(width, 4, 48, dropout=0.0, batch_first=True)
+        self.head = nn.Linear(width, vocab)
+
+    def forward(self, ids, patches):
+        embeds = self.embed(ids)
+        mask = (ids == self.IMAGE_TOKEN).unsqueeze(-1).expand_as(embeds)
+        embeds = embeds.masked_scatter(mask, self.project(patches))
+        return self.head(self.layer(embeds))
+
+
+def test_image_features_scattered_into_token_embeddings():
+    """masked_scatter's backward (the image projection's gradient) ran as an eager island.
+    Batches of 3 and 5 sequences of 19 tokens, 4 image tokens each at different places."""
+    gen = torch.Generator().manual_seed(6)
+    batches = []
+    for n in (3, 5, 3):
+        ids = torch.randint(4, 37, (n, 19), generator=gen)
+        for row in ids:
+            row[torch.randperm(19, generator=gen)[:4]] = TinyVLM.IMAGE_TOKEN
+        batches.append((ids, torch.randn(n, 4, 12, generator=gen), torch.randint(0, 37, (n, 19), generator=gen)))
+
+    def loss_fn(model, b):
+        return F.cross_entropy(model(b[0], b[1]).flatten(0, 1), b[2].flatten())
+
+    def make():
+        torch.manual_seed(0)
+        model = TinyVLM()  # SGD: Adam would blow the key bias's zero gradient (noise) up to lr
+        return model, torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
 
     _compare(make, batches, _sgd_step(loss_fn), rel=1e-3)
 
