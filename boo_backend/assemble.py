@@ -145,6 +145,13 @@ def _copy(gm: fx.GraphModule) -> fx.GraphModule:
     return fx.GraphModule(gm, copy.deepcopy(gm.graph))
 
 
+def _bindings_past_the_limit(e: Exception) -> int | None:
+    """The binding count of a dispatch IREE's runtime refused (32 a dispatch when it records
+    it, 64 when it loads), from the error; None for any other error."""
+    found = re.search(r"binding count (\d+) >|requiring (\d+) bindings exceeds", str(e))
+    return None if found is None else int(found.group(1) or found.group(2))
+
+
 class NotDynamic(Exception):
     """The graph cannot run as one module for every size; it is compiled per shape instead."""
 
@@ -255,11 +262,9 @@ class Assembly:
             try:
                 return self._compile_part(graph, target, dump, "module"), composites, aten, 0
             except Exception as e:
-                # IREE's runtime takes 32 bindings a dispatch when it records it, 64 when it loads
-                bindings = re.search(r"binding count (\d+) >|requiring (\d+) bindings exceeds", str(e))
-                if bindings is None:
+                count = _bindings_past_the_limit(e)
+                if count is None:
                     raise
-                count = int(bindings.group(1) or bindings.group(2))
                 parts = 2 * -(-count // 32)
                 log.info("boo %s: IREE built a dispatch of %d bindings; compiling it as %d modules",
                          self.name, count, parts)
@@ -283,7 +288,7 @@ class Assembly:
         for sub, key in keys.items():
             if key not in built:
                 first, lowered = distinct[key]
-                built[key] = self._compile_part(getattr(outer, first), target, dump, first, lowered)
+                built[key] = self._compile_or_split(getattr(outer, first), target, dump, first, lowered)
             setattr(outer, sub, built[key])
         if labels:
             iree_parts = sum(p == "iree" for p in place_of_part.values())
@@ -314,6 +319,27 @@ class Assembly:
             return None
         log.debug("boo %s: compiled with its sizes read from its tensors", self.name)
         return again, vmfb
+
+    def _compile_or_split(self, graph: fx.GraphModule, target: Target, dump, part: str,
+                          lowered: Lowered | None = None) -> torch.nn.Module:
+        """_compile_part, or, where IREE built a dispatch of more bindings than its runtime
+        takes, `graph` cut into independent pieces (split_independent), each compiled so. A
+        part between eager islands failed so (a local response norm's backward beside an
+        island) and took its whole graph to eager."""
+        try:
+            return self._compile_part(graph, target, dump, part, lowered)
+        except Exception as e:
+            count = _bindings_past_the_limit(e)
+            if count is None or len(compute_nodes(graph)) < 2:
+                raise
+            outer, pieces = split_independent(graph, 2 * -(-count // 32))
+            if len(pieces) < 2:
+                raise
+            log.info("boo %s/%s: IREE built a dispatch of %d bindings; compiling it as %d modules",
+                     self.name, part, count, len(pieces))
+        for sub in pieces:
+            setattr(outer, sub, self._compile_or_split(getattr(outer, sub), target, dump, f"{part}_{sub}"))
+        return outer
 
     def _compile_part(self, graph: fx.GraphModule, target: Target, dump, part: str,
                       lowered: Lowered | None = None) -> IreePart:

@@ -325,6 +325,40 @@ def test_a_custom_op_is_one_island_of_a_dynamic_module(monkeypatch):
     assert len(placed) == 1 and placed[0].dynamic and placed[0].island == 1, [p.line() for p in placed]
 
 
+@torch.library.custom_op("boo_tests::tripled", mutates_args=())
+def _tripled(x: torch.Tensor) -> torch.Tensor:
+    return x * 3
+
+
+@_tripled.register_fake
+def _(x):
+    return torch.empty_like(x)
+
+
+_tripled.register_autograd(lambda ctx, grad: _doubled(grad) * 1.5)  # an island in the backward too
+
+
+def _norm_pad_then_custom(x):
+    h = torch.nn.functional.local_response_norm(x, 3)
+    h = torch.nn.functional.pad(h, (1, 2, 0, 1), mode="reflect")
+    return _tripled(h).sum()
+
+
+def test_a_part_between_islands_past_the_binding_limit_is_split(monkeypatch):
+    """The backward of a local response norm and reflect padding is one IREE part beside an
+    island, and IREE builds it with a dispatch of 36 bindings, more than its runtime takes
+    (32). Only whole graphs were split then: this one ran all 147 ops in eager."""
+    monkeypatch.setenv("BOO_STRICT", "0")
+    boo_backend.reset()
+    x = torch.randn(3, 6, 23, 29, generator=torch.Generator().manual_seed(3), requires_grad=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", boo_backend.BooFallbackWarning)
+        (grad,) = torch.autograd.grad(_compile(_norm_pad_then_custom)(x), x)
+    assert_close(grad, torch.autograd.grad(_norm_pad_then_custom(x), x)[0], "gradient")
+    (backward,) = [p for p in boo_backend.placements() if p.kind == "backward"]
+    assert not backward.recovered and backward.island_ops == ("torch.boo_tests.doubled",), backward.line()
+
+
 def _sums_of_all(x):
     square = torch.ones(x.shape[1], x.shape[1]).triu(1)
     return x.sum() + square.sum() + x.transpose(1, 2).mean(), square.sum((0, 1))
