@@ -82,6 +82,34 @@ def ceil_mode_avg_pool(nd: int, x, kernel_size, stride=(), padding=0, ceil_mode=
     return avg.squeeze(0) if unbatched else avg
 
 
+# Windows of more positions than this spread their gradients by prefix sums, not by a
+# convolution with a ones kernel, whose cost grows with the window: EfficientNet's pooler
+# (a 256 x 256 window with ceil_mode over 2 x 2 planes) made a convolution of 3e12 flops.
+_CONVOLVED_WINDOW = 64
+
+
+def _spread_by_prefix_sums(grad, size, k, s, p):
+    """The input gradient of average pooling from `grad` (each output's, already divided by
+    its divisor), one spatial dim at a time: an input position gets the sum over the
+    windows that hold it, a difference of two prefix sums over the output positions (the
+    first window that reaches it, from ceil((q - k + 1) / s), to the last that starts at or
+    before it, floor(q / s), for q its padded position)."""
+    compute = torch.float32 if grad.dtype in (torch.float16, torch.bfloat16) else grad.dtype
+    g = grad.to(compute)
+    for d in range(len(k)):
+        dim = 2 + d
+        o = g.shape[dim]
+        q = torch.arange(size[d], dtype=torch.int64, device=g.device) + p[d]
+        first = torch.div(q - k[d] + s[d], s[d], rounding_mode="floor").clamp(0, o)
+        last = torch.div(q, s[d], rounding_mode="floor").clamp(max=o - 1)
+        sums = torch.cat([torch.zeros_like(g.narrow(dim, 0, 1)), torch.cumsum(g, dim)], dim)
+        spread = sums.index_select(dim, last + 1) - sums.index_select(dim, first)
+        shape = [1] * g.dim()
+        shape[dim] = -1
+        g = torch.where((last >= first).reshape(shape), spread, torch.zeros_like(spread))
+    return g.to(grad.dtype)
+
+
 def avg_pool_backward(nd: int, grad_out, x, kernel_size, stride, padding, ceil_mode,
                       count_include_pad, divisor_override=None):
     """Each output gradient, divided by its window's divisor, spread over its window: the
@@ -99,6 +127,9 @@ def avg_pool_backward(nd: int, grad_out, x, kernel_size, stride, padding, ceil_m
         grad = grad_out / divisor_override
     else:
         grad = grad_out / _divisors(out, size, k, s, p, count_include_pad, grad_out)
+    if math.prod(k) > _CONVOLVED_WINDOW:
+        out_grad = _spread_by_prefix_sums(grad, size, k, s, p)
+        return out_grad.squeeze(0) if unbatched else out_grad
     # zeros between the gradients: each output position becomes a run of s[i] positions
     interleaved = [n, c]
     for o in out:

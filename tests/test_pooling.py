@@ -36,6 +36,11 @@ CASES = {
     # no batch dim: torch-mlir lowers avg_pool2d of 4-d inputs only (avg_pool1d's goes through it)
     "avg1d_unbatched": (lambda x: F.avg_pool1d(x, 2), [(5, 38), (3, 131)]),
     # replicate padding's backward (torch-mlir lowers the forward only), a negative pad crops
+    # windows of more than 64 positions spread their gradients by prefix sums; one larger
+    # than the input (EfficientNet's pooler: a convolution of 3e12 flops before)
+    "avg2d_large_window": (lambda x: F.avg_pool2d(x, (9, 11), (4, 2), (3, 1), ceil_mode=True),
+                           [(2, 3, 37, 41), (3, 3, 67, 131)]),
+    "avg2d_window_past_input": (lambda x: F.avg_pool2d(x, 40, ceil_mode=True), [(2, 5, 2, 2), (3, 5, 3, 5)]),
     "replicate_pad2d": (lambda x: F.pad(x, (1, 2, 3, -1), mode="replicate"), [(2, 3, 17, 20), (3, 3, 67, 21)]),
 }
 REL = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
