@@ -40,9 +40,6 @@ class Target:
     # Flags that make faster code but that the compiler sometimes fails with; a module that
     # fails with them is compiled again without them.
     optional_flags: tuple[str, ...] = ()
-    # What replaces optional_flags for a module with dynamic dims, where they compute wrong
-    # values; None: the same flags.
-    dynamic_optional_flags: tuple[str, ...] | None = None
     # What replaces the embedded-linker flag for a module that computes in float64: IREE's
     # CPU runtime has no float64 math functions (tanh, sin, atan2, ...) to link into its
     # portable embedded library, so such a module links as a system shared library whose
@@ -132,13 +129,14 @@ def parse_target(spec: str) -> Target:
             ),
             # Packed (data-tiled) matmuls: measured 2x faster on the MLP backward here, but
             # IREE 3.13 fails on some ("operations with large vector sizes"); see compile_mlir.
-            optional_flags=("--iree-opt-data-tiling",),
-            # IREE 3.13's default data-tiling path (from dispatch creation) computes a matmul
-            # wrongly when two of its dims are the same dynamic size (scores @ values in
-            # attention, [s0, s1, s1] @ [s0, s1, s2]) and one passes 64: wrong numbers, no
-            # error (tests/test_iree_workarounds.py). The path from global optimization packs
-            # such matmuls right.
-            dynamic_optional_flags=("--iree-global-opt-data-tiling",),
+            # They are packed on the path from global optimization: IREE 3.13's default path
+            # (from dispatch creation) computes some matmuls wrongly, without an error
+            # (tests/test_iree_workarounds.py): where two of its dims are the same dynamic
+            # size (attention's scores @ values, [s0, s1, s1] @ [s0, s1, s2]) and one passes
+            # 64, and, with static sizes, a batched matmul beside a sum of its left operand
+            # over the contracted dim (torch.cdist's backward: gradients off by 10). The
+            # global path was as fast on an MLP step and a batched matmul here.
+            optional_flags=("--iree-global-opt-data-tiling",),
         )
     if kind == "cuda":
         arch = arch or "sm_80"
@@ -241,13 +239,9 @@ def computes_in_f64(mlir: str) -> bool:
 
 
 def compile_flags(target: Target, optional: bool = True, dynamic: bool = False, f64: bool = False) -> list[str]:
-    """iree-compile's flags for `target`; `dynamic` for a module with dynamic dims, `f64`
-    for one that computes in float64 (see Target.f64_flags)."""
-    extra = ()
-    if optional:
-        extra = target.optional_flags
-        if dynamic and target.dynamic_optional_flags is not None:
-            extra = target.dynamic_optional_flags
+    """iree-compile's flags for `target`; `f64` for a module that computes in float64 (see
+    Target.f64_flags). `dynamic` (a module with dynamic dims) takes the same flags."""
+    extra = target.optional_flags if optional else ()
     flags = target.flags
     if f64 and target.f64_flags is not None:
         flags = (*(f for f in flags if f != _EMBEDDED_LINKER), *target.f64_flags)

@@ -72,7 +72,7 @@ def test_a_module_wrong_past_64_is_caught_at_that_size(monkeypatch, caplog):
     size past 64 catches it, warns, and the graph compiles per shape: every answer right."""
     real = boo_compile.parse_target
     monkeypatch.setattr(boo_compile, "parse_target",
-                        lambda spec: dataclasses.replace(real(spec), dynamic_optional_flags=None))
+                        lambda spec: dataclasses.replace(real(spec), optional_flags=("--iree-opt-data-tiling",)))
     monkeypatch.setenv("BOO_ATEN_MATMUL", "never")
     monkeypatch.setenv("BOO_CACHE", "0")
     caplog.set_level(logging.WARNING, logger="boo_backend")
