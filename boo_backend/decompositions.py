@@ -1,5 +1,5 @@
-"""boo's own FX-level rewrites. Imports only bags, distances, fastpaths, pooling, refusals, symbolic and nans,
-all leaves.
+"""boo's own FX-level rewrites. Imports only bags, distances, fastpaths, gammas, pooling, refusals, symbolic
+and nans, all leaves.
 
 - AOT: entries that replace core ATen's in the table given to AOTAutograd.
 - FALLBACK: decompositions for ops that torch-mlir cannot lower and whose torch._decomp entry
@@ -17,7 +17,7 @@ import math
 import sympy
 import torch
 
-from . import bags, distances, fastpaths
+from . import bags, distances, fastpaths, gammas
 from .nans import PRIMS
 from .pooling import (adaptive_avg_pool_backward, adaptive_max_pool, avg_pool_backward, max_pool3d_with_indices_backward,
                       max_pool_backward_at_indices, replication_pad_backward)
@@ -465,7 +465,7 @@ UNLOWERED = frozenset({
     aten.adaptive_max_pool2d.default, aten.adaptive_max_pool3d.default,
     aten.replication_pad1d_backward.default, aten.replication_pad2d_backward.default,
     aten.replication_pad3d_backward.default, aten.masked_scatter_backward.default, *bags.TABLE,
-    *distances.TABLE,
+    *distances.TABLE, *gammas.TABLE,
     aten.diagonal_scatter.default,  # lowered, but iree-compile rejects what it gives
     aten.bitwise_or.Scalar, aten.bitwise_xor.Scalar,
 })
@@ -577,6 +577,7 @@ FALLBACK = {
     aten.masked_scatter_backward.default: _masked_scatter_backward,
     **bags.TABLE,
     **distances.TABLE,
+    **gammas.TABLE,
     aten.bitwise_or.Scalar: _bitwise_with_a_number(aten.bitwise_or.Tensor),
     aten.bitwise_xor.Scalar: _bitwise_with_a_number(aten.bitwise_xor.Tensor),
     aten.avg_pool2d_backward.default: functools.partial(avg_pool_backward, 2),
