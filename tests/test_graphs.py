@@ -347,7 +347,7 @@ def _norm_pad_then_custom(x):
 def test_a_part_between_islands_past_the_binding_limit_is_split(monkeypatch):
     """The backward of a local response norm and reflect padding is one IREE part beside an
     island, and IREE builds it with a dispatch of 36 bindings, more than its runtime takes
-    (32). Only whole graphs were split then: this one ran all 147 ops in eager."""
+    (32). Only whole graphs were split then: this one ran all 134 ops in eager."""
     monkeypatch.setenv("BOO_STRICT", "0")
     boo_backend.reset()
     x = torch.randn(3, 6, 23, 29, generator=torch.Generator().manual_seed(3), requires_grad=True)
