@@ -43,6 +43,15 @@ def _off_integer(x):
     return x - torch.round(x)
 
 
+def _folded(x):
+    """(x in float64, where x is below 1/2, the argument each series takes: 1 - x there, x
+    elsewhere, an infinity as 1 (its result is set apart))."""
+    v = _f64(x)
+    low = v < 0.5
+    y = torch.where(low, 1 - v, v)
+    return v, low, torch.where(torch.isinf(y), 1.0, y)
+
+
 def _lanczos(y):
     """lgamma(y) for y >= 1/2."""
     z = y - 1
@@ -56,10 +65,8 @@ def _lanczos(y):
 def lgamma(x):
     if not x.dtype.is_floating_point:
         return NotImplemented
-    v = _f64(x)
-    low = v < 0.5
-    y = torch.where(low, 1 - v, v)
-    big = _lanczos(torch.where(torch.isinf(y), 1.0, y))
+    v, low, y = _folded(x)
+    big = _lanczos(y)
     reflected = math.log(math.pi) - torch.log(torch.abs(torch.sin(math.pi * _off_integer(v)))) - big
     out = torch.where(low, reflected, big)
     out = torch.where((v == 1) | (v == 2), 0.0, out)
@@ -78,10 +85,7 @@ def _stepped(y, power: int):
 def digamma(x):
     if not x.dtype.is_floating_point:
         return NotImplemented
-    v = _f64(x)
-    low = v < 0.5
-    y = torch.where(low, 1 - v, v)
-    y = torch.where(torch.isinf(y), 1.0, y)
+    v, low, y = _folded(x)
     steps, w = _stepped(y, 1)
     w2 = 1 / (w * w)
     series = torch.log(w) - 0.5 / w - w2 * (1 / 12 - w2 * (1 / 120 - w2 * (1 / 252 - w2 * (1 / 240 - w2 / 132))))
@@ -96,10 +100,7 @@ def digamma(x):
 
 
 def trigamma(x):
-    v = _f64(x)
-    low = v < 0.5
-    y = torch.where(low, 1 - v, v)
-    y = torch.where(torch.isinf(y), 1.0, y)
+    v, low, y = _folded(x)
     steps, w = _stepped(y, 2)
     w1 = 1 / w
     w2 = w1 * w1
