@@ -7,11 +7,14 @@ backend in rotating order, so the machine's noise falls on all of them alike. Fo
 workload and backend it reports the fastest step, the median step time (the median of the
 runs' medians), each run's median and their spread, the ratio to eager (the median of the
 per-run ratios), the first call's time in a fresh process with a cold cache and again with a
-warm one, and the largest gradient difference from eager. The output's header and every CSV
-row say where it ran (CPU model, cores, threads, torch, IREE and torch-mlir versions).
+warm one, the largest gradient difference from eager, and for boo how many of its graphs had
+their region run as Dynamo's graph in eager PyTorch by the end (measured faster there:
+boo_backend/regions.py; its trial takes a small region's first 16 or so steps, hence 20 warm-up
+steps). The output's header and every CSV row say where it ran (CPU model, cores, threads,
+torch, IREE and torch-mlir versions).
 Writes a CSV and a PNG bar chart.
 
-    python bench/steps.py [--steps 20] [--runs 3] [--warmup 3] [--workloads ln_gelu,mlp,transformer]
+    python bench/steps.py [--steps 20] [--runs 3] [--warmup 20] [--workloads ln_gelu,mlp,transformer]
                           [--backends eager,inductor,boo,boo-decomposed] [--out bench/steps]
 
 Uses boo's public API (the "boo" backend name and its options) and its benchmarking helpers.
@@ -124,12 +127,16 @@ def measure(workload: str, backends: list[str], steps: int, runs: int, warmup: i
     from boo_backend.benchmarking import interleaved, summarize
 
     torch._dynamo.reset()  # once per workload: the backends' compiled models live side by side
-    fns, grads = {}, {}
+    import boo_backend
+
+    fns, grads, placed = {}, {}, {}
     for backend in backends:
         print(f"{workload} / {backend}: compile", file=sys.stderr, flush=True)
         model, x, y = build(workload)
         run = compiled(model, backend)
+        before = len(boo_backend.placements())
         step(run, model, x, y)  # compile
+        placed[backend] = boo_backend.placements()[before:]
         grads[backend] = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
         fns[backend] = functools.partial(step, run, model, x, y)
     for fn in fns.values():
@@ -145,8 +152,11 @@ def measure(workload: str, backends: list[str], steps: int, runs: int, warmup: i
             d = (grads[backend][name] - r).abs().max().item()
             diff = max(diff, d)
             rel = max(rel, d / max(r.abs().max().item(), 1e-30))
-        out[backend] = summarize(times[backend], times[backends[0]]) | {"max_grad_diff": diff,
-                                                                         "max_grad_rel_diff": rel}
+        # boo's graphs whose region ran as Dynamo's graph in eager by the end (regions.py).
+        in_eager = sum(bool(p.in_eager) for p in placed[backend])
+        out[backend] = summarize(times[backend], times[backends[0]]) | {
+            "max_grad_diff": diff, "max_grad_rel_diff": rel,
+            "graphs_in_eager": f"{in_eager}/{len(placed[backend])}" if placed[backend] else ""}
     return out
 
 
@@ -177,7 +187,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--steps", type=int, default=20, help="timed interleaved rounds per run")
     p.add_argument("--runs", type=int, default=3, help="runs of --steps rounds")
-    p.add_argument("--warmup", type=int, default=3, help="untimed steps of each backend after its first")
+    p.add_argument("--warmup", type=int, default=20, help="untimed steps of each backend after its first")
     p.add_argument("--workloads", default=",".join(WORKLOADS))
     p.add_argument("--backends", default=",".join(DEFAULT_BACKENDS), help="comma list of " + ", ".join(BACKENDS))
     p.add_argument("--out", default="bench/steps", help="writes OUT.csv and OUT.png")
@@ -221,6 +231,7 @@ def main(argv=None) -> int:
                 "first_call_cold_s": round(cold, 3), "first_call_warm_s": round(warm, 3),
                 "warm_minus_eager_first_s": "" if eager_first is None else round(warm - eager_first, 3),
                 "max_grad_diff": f"{r['max_grad_diff']:.2e}", "max_grad_rel_diff": f"{r['max_grad_rel_diff']:.2e}",
+                "graphs_in_eager": r["graphs_in_eager"],
             } | host)
     cols = [c for c in rows[0] if c not in HOST_COLUMNS]  # the host is the header line
     widths = {c: max(len(c), *(len(str(r[c])) for r in rows)) for c in cols}

@@ -18,7 +18,7 @@ from torch._functorch.aot_autograd import make_boxed_func
 from torch._functorch import config as functorch_config
 from torch._functorch.partitioners import default_partition, min_cut_rematerialization_partition
 
-from . import aot_cache, composites, hops, match, patterns, precompile, refusals
+from . import aot_cache, composites, hops, match, patterns, precompile, refusals, regions
 from .compile import Target, target_for
 from .config import BooError, BooFallbackWarning, BooStrictError, Options
 from .graph import CompiledGraph
@@ -85,36 +85,7 @@ def boo(gm: fx.GraphModule, example_inputs, options: dict | None = None, **kwarg
         compiled = _aot(opts, compiler)(gm, example_inputs)
     if opts.compile_only or opts.strict:  # strict mode proves that IREE ran: no part chose ATen
         return compiled
-    return _eager_once_aten_wins(compiled, dynamos, graphs, name_of("graph"))
-
-
-def _eager_once_aten_wins(compiled, dynamos: fx.GraphModule, graphs: list[CompiledGraph], name: str):
-    """`compiled` (AOTAutograd's function), until every graph of it has been built and each
-    of its IREE modules measured slower than ATen: from then on Dynamo's own graph, run in
-    eager PyTorch. Nothing of it would run in IREE, and AOTAutograd's decomposed graphs, op by
-    op, cost more than eager's own kernels and autograd (the MLP of bench/steps.py: 8% of its
-    step). A training graph waits for its backward. Once a module has settled on IREE, the
-    calls go to `compiled` without looking again."""
-    chosen = None
-
-    def run(*args):
-        nonlocal chosen
-        if chosen is not None:
-            return chosen(*args)
-        out = compiled(*args)
-        kinds = {g.kind for g in graphs}
-        if any(g.runs_in_iree() for g in graphs):
-            chosen = compiled
-        elif graphs and ("forward" not in kinds or "backward" in kinds) and all(g.on_aten_only() for g in graphs):
-            chosen = dynamos.forward
-            log.info("boo %s: every part of %s measured faster in ATen; Dynamo's graph runs in eager PyTorch "
-                     "from now on", name, " and ".join(g.name for g in graphs))
-        return out
-
-    for attr in ("zero_grad", "named_parameters", "named_buffers", "serialize"):
-        if hasattr(compiled, attr):
-            setattr(run, attr, getattr(compiled, attr))
-    return run
+    return regions.faster(compiled, dynamos, graphs, name_of("graph"), regions.allowed(opts))
 
 
 def _loaded(kind: str, graph: fx.GraphModule, opts: Options, name: str, whole=None):

@@ -140,11 +140,14 @@ class CompiledGraph(Assembly):
         # Every IREE module loaded for the graph (all its runners): see on_aten_only.
         self.functions: list = []
 
+    def built(self) -> bool:
+        """Whether the graph has been built (at its first call)."""
+        return bool(self._runners or self._dynamic_runner)
+
     def on_aten_only(self) -> bool:
         """Whether the graph has been built and each of its IREE modules was measured slower
         than its own graph op by op in ATen (runtime.ATEN): nothing of it runs in IREE."""
-        return bool(self._runners or self._dynamic_runner) and all(
-            getattr(f, "driver", None) == ATEN for f in self.functions)
+        return self.built() and all(getattr(f, "driver", None) == ATEN for f in self.functions)
 
     def runs_in_iree(self) -> bool:
         """Whether a module of the graph has settled on an IREE driver: it never runs on ATen

@@ -34,6 +34,9 @@ class Placement:
     dynamic: bool = False
     # Compiled for another target (compile_only) and run in eager PyTorch. Not cached.
     compile_only: str = ""
+    # Why the region of this graph runs as Dynamo's graph in eager PyTorch from some call on
+    # (regions.py); empty while boo's graphs run it.
+    in_eager: str = ""
 
     @property
     def composites(self) -> int:
@@ -62,4 +65,6 @@ class Placement:
             on_aten = sum(d == "aten" for d in self.drivers.values())
             text += "; runs on " + ", ".join(
                 iree + ([f"ATen for {on_aten} part{'s' if on_aten > 1 else ''} (measured faster)"] if on_aten else []))
+        if self.in_eager:
+            text += f"; then its region ran as Dynamo's graph in eager PyTorch ({self.in_eager})"
         return text
