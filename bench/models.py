@@ -2,7 +2,7 @@
 compiles, and how its step time compares with eager and inductor, side by side in one run.
 
     python bench/models.py [--models gpt2,bert | --model mypkg.mymod:make] [--steps 20] [--runs 3]
-                           [--warmup 3] [--backends eager,inductor,boo] [--out bench/models]
+                           [--warmup 20] [--backends eager,inductor,boo] [--out bench/models]
 
 For every model, over the forward and backward graphs of one training step (model.train(),
 loss from the output, loss.backward()), it reports: graphs and ops; the share of ops that run
@@ -12,7 +12,10 @@ compile seconds; and each backend's step time with its speed-up over eager. boo 
 strict off (BOO_STRICT=0), so a model that falls back is still measured, and the fallbacks
 are reported.
 
-Step times: every backend of a model takes its first step (the compile) and --warmup more,
+Step times: every backend of a model takes its first step (the compile) and --warmup more
+(boo times a small region against Dynamo's graph in eager over its first 16 or so steps and
+keeps the faster, boo_backend/regions.py; boo_graphs_in_eager counts the graphs whose region
+ended in eager),
 then --runs runs of --steps rounds are timed, each round one step of every backend in
 rotating order, so the machine's noise falls on all of them alike. min: the fastest step;
 median: the median of the runs' medians (the CSV also has each run's median and their
@@ -214,7 +217,8 @@ def measure(spec: str, backends: list[str], steps: int, runs: int, warmup: int) 
                         warnings.simplefilter("always")
                         step = build(spec, "boo", cache, dump)
                         row["boo_first_s"], row["boo_loss"] = first_step(step)
-                        boo_coverage(row, boo_backend.placements(), dump, caught)
+                        boo_placed = boo_backend.placements()
+                        boo_coverage(row, boo_placed, dump, caught)
                         row["iree_compiles"] = boo_backend.stats().get("iree_compiles", 0)
                     for msg in sorted(_fallbacks(caught)):
                         log(f"{spec}: fallback: {msg}")
@@ -248,6 +252,8 @@ def measure(spec: str, backends: list[str], steps: int, runs: int, warmup: int) 
                         row[f"{backend}_speedup_runs"] = st["speedup_runs"]
             except Exception as e:
                 _error(row, spec, "timing", e)
+        if "boo" in steps_by_backend:  # regions that ran as Dynamo's graph by the end (regions.py)
+            row["boo_graphs_in_eager"] = sum(bool(p.in_eager) for p in boo_placed)
         if "boo" in steps_by_backend:
             try:
                 log(f"{spec}: boo warm probe (new process)")
@@ -280,6 +286,7 @@ COLUMNS = [  # (CSV key, table heading, format)
     ("boo_min_ms", "boo min", "{:.2f}"), ("boo_median_ms", "boo ms", "{:.2f}"),
     ("max_run_spread_pct", "spread %", "{:.0f}"),
     ("inductor_speedup", "inductor x", "{:.2f}"), ("boo_speedup", "boo x", "{:.2f}"),
+    ("boo_graphs_in_eager", "boo in eager", "{}"),
 ]
 
 
@@ -340,7 +347,7 @@ def main(argv=None) -> int:
     p.add_argument("--backends", default=",".join(DEFAULT_BACKENDS), help="comma list of " + ",".join(BACKENDS))
     p.add_argument("--steps", type=int, default=20, help="timed interleaved rounds per run")
     p.add_argument("--runs", type=int, default=3, help="runs of --steps rounds (median of the run medians)")
-    p.add_argument("--warmup", type=int, default=3, help="untimed steps of each backend after its first")
+    p.add_argument("--warmup", type=int, default=20, help="untimed steps of each backend after its first")
     p.add_argument("--out", default="bench/models", help="writes OUT.csv and OUT.png")
     p.add_argument("--warm-probe", metavar="MODEL", help=argparse.SUPPRESS)
     p.add_argument("--cache-dir", help=argparse.SUPPRESS)

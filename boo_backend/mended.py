@@ -72,7 +72,12 @@ def _grid_sampler_2d(input, grid, interpolation_mode, padding_mode, align_corner
     """grid_sampler_2d as torch._decomp writes it, in ATen ops that autograd differentiates:
     nothing lowers grid_sampler_2d_backward, which ran as an eager island in every training
     graph. Bilinear sampling with zeros padding gives NaN where a point's coordinate is not
-    finite, as eager does; torch._decomp's in-bounds mask is False there and gave 0."""
+    finite, as eager does; torch._decomp's in-bounds mask is False there and gave 0.
+    Nearest sampling reaches the grid only through a rounding, which autograd does not
+    differentiate: the grid's gradient was None where eager's is zeros (and AdamW decays a
+    parameter whose gradient is zeros, but skips one that has none). A factor of exactly 1
+    that depends on the grid through an unselected `where` gives it eager's zeros, and leaves
+    every value as it is (NaNs, infinities and signed zeros included)."""
     from torch._decomp import decomposition_table
 
     out = decomposition_table[aten.grid_sampler_2d.default](
@@ -80,6 +85,9 @@ def _grid_sampler_2d(input, grid, interpolation_mode, padding_mode, align_corner
     if interpolation_mode == 0 and padding_mode == 0 and grid.dtype.is_floating_point:
         lost = torch.logical_not(torch.isfinite(grid).all(-1)).unsqueeze(1)  # [N, 1, oH, oW]
         out = torch.where(lost, torch.full_like(out, float("nan")), out)
+    if interpolation_mode == 1 and grid.dtype.is_floating_point:
+        never = torch.zeros((), dtype=torch.bool, device=grid.device)
+        out = out * (1 + torch.where(never, grid.sum(), 0).to(out.dtype))
     return out
 
 

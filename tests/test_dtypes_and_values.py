@@ -191,6 +191,24 @@ def test_grid_sample_of_coordinates_that_are_not_finite(mode, monkeypatch):
     torch.testing.assert_close(ours, ref, equal_nan=True)
 
 
+@pytest.mark.parametrize("padding", ["zeros", "border"])
+def test_nearest_grid_sample_gives_the_grid_eagers_zero_gradient(padding, monkeypatch):
+    """Nearest sampling's output does not change with the grid: eager's gradient for the grid
+    is zeros, not None (AdamW decays a parameter whose gradient is zeros and skips one that
+    has none). Found by tests/test_opinfo_gradients.py."""
+    f = _checked_here(lambda x, g: F.grid_sample(x, g, mode="nearest", padding_mode=padding, align_corners=True),
+                      False, monkeypatch)
+    gen = torch.Generator().manual_seed(8)
+    x = torch.randn(2, 3, 9, 13, generator=gen, requires_grad=True)
+    grid = (torch.rand(2, 11, 5, 2, generator=gen) * 2.4 - 1.2).requires_grad_()
+    ours, ref = f(x, grid), F.grid_sample(x, grid, mode="nearest", padding_mode=padding, align_corners=True)
+    torch.testing.assert_close(ours, ref)
+    cot = torch.randn(ref.shape, generator=gen)
+    (gx, gg), (rx, rg) = torch.autograd.grad(ours, (x, grid), cot), torch.autograd.grad(ref, (x, grid), cot)
+    torch.testing.assert_close(gx, rx)
+    assert gg is not None and torch.equal(gg, rg) and not rg.any()
+
+
 def _unsigned_program(a, b):
     """Image-style arithmetic on unsigned integers, each op's result in eager's dtype."""
     return (a + 3, a - b, a * b, a // 3, a % 7, torch.remainder(a, b | 1), a < 200, a >= b, a.max(), a.amax(1),

@@ -19,7 +19,9 @@ pytest test per op; the module prints a summary table at the end.
 As a script, for diagnosis (prints the table; exit status 1 when a sample is bad):
 
     python tests/test_opinfo_sweep.py [--ops add,sort] [--dtypes float32,int64]
-        [--samples 2] [--no-worker] [--verbose]
+        [--samples 2] [--no-worker] [--verbose] [--dynamic | --gradient]
+
+(--gradient with no --ops: every differentiable op, tests/gradient_samples.py; about 10 minutes.)
 
 Environment: BOO_OPINFO_SAMPLES (samples per op and dtype, default 1), BOO_OPINFO_DTYPES
 (dtypes besides float32 per op in the suite, taken in turn: default 1, or all), BOO_OPINFO_HANG_S
@@ -512,13 +514,15 @@ def _hang_check(result: Result) -> Result:
     return result
 
 
-def iter_op(key: str, dtypes, count: int, done=(), dynamic: bool = False):
+def iter_op(key: str, dtypes, count: int, done=(), dynamic: bool = False, gradient: bool = False):
     """Yield ("start", dtype, index, shapes) before and a Result after each sample; with
     `dynamic`, each sample is compiled with dynamic shapes and run at several sizes
-    (tests/dynamic_samples.py)."""
+    (tests/dynamic_samples.py); with `gradient`, differentiated (tests/gradient_samples.py)."""
     run, select = run_sample, select_samples
     if dynamic:
         from dynamic_samples import run_dynamic_sample as run, select_dynamic as select
+    elif gradient:
+        from gradient_samples import run_gradient_sample as run, select_gradient as select
     done = {tuple(d) for d in done}
     for dtype_name in op_dtypes(key, dtypes):
         try:
@@ -550,7 +554,7 @@ def worker_main() -> None:
     for line in sys.stdin:
         request = json.loads(line)
         for item in iter_op(request["op"], request["dtypes"], request["count"], request["done"],
-                            request.get("dynamic", False)):
+                            request.get("dynamic", False), request.get("gradient", False)):
             # Results of tests/dynamic_samples.py are of this module's Result imported by name,
             # not of __main__'s: tell them from the start messages by type, not by class.
             if not isinstance(item, tuple):
@@ -620,14 +624,15 @@ class Worker:
         line, self.buffer = self.buffer.split(b"\n", 1)
         return json.loads(line)
 
-    def run_op(self, key: str, dtypes, count: int, dynamic: bool = False) -> list[Result]:
+    def run_op(self, key: str, dtypes, count: int, dynamic: bool = False, gradient: bool = False) -> list[Result]:
         results: list[Result] = []
         while True:
             if self.proc is None:
                 self._start()
             done = [[r.dtype, r.index] for r in results]
             self.proc.stdin.write((json.dumps({"op": key, "dtypes": list(dtypes), "count": count,
-                                               "done": done, "dynamic": dynamic}) + "\n").encode())
+                                               "done": done, "dynamic": dynamic,
+                                               "gradient": gradient}) + "\n").encode())
             self.proc.stdin.flush()
             current, started = None, time.monotonic()
             while True:
@@ -758,6 +763,8 @@ def main(argv=None) -> int:
     parser.add_argument("--verbose", "-v", action="store_true", help="a line for every sample")
     parser.add_argument("--dynamic", action="store_true",
                         help="compile with dynamic shapes and run each sample at several sizes")
+    parser.add_argument("--gradient", action="store_true",
+                        help="differentiate each sample too (its outputs and gradients against eager's)")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
@@ -765,6 +772,9 @@ def main(argv=None) -> int:
         return 0
     if args.ops == "all":
         ops = sorted(_op_db())
+    elif args.gradient and not args.ops:
+        from gradient_samples import differentiable_ops
+        ops = differentiable_ops()
     elif args.ops:
         ops = args.ops.split(",")
         unknown = [k for k in ops if k not in _op_db()]
@@ -784,7 +794,7 @@ def main(argv=None) -> int:
         os.environ.update(env)
         warnings.simplefilter("ignore")
         for key in ops:
-            for item in iter_op(key, dtypes, args.samples, dynamic=args.dynamic):
+            for item in iter_op(key, dtypes, args.samples, dynamic=args.dynamic, gradient=args.gradient):
                 if not isinstance(item, tuple):  # a Result (see worker_main)
                     results.append(item)
                     if args.verbose or item.outcome != "ok":
@@ -794,7 +804,7 @@ def main(argv=None) -> int:
         try:
             for key in ops:
                 t0 = time.monotonic()
-                got = w.run_op(key, dtypes, args.samples, args.dynamic)
+                got = w.run_op(key, dtypes, args.samples, args.dynamic, args.gradient)
                 results.extend(got)
                 counts = Counter(r.outcome for r in got)
                 print(f"{key:<36} {time.monotonic() - t0:6.1f}s  "

@@ -1,0 +1,73 @@
+"""PyTorch's OpInfo samples differentiated through boo: outputs and gradients against eager's
+(tests/gradient_samples.py), outside strict mode, as tests/test_opinfo_sweep.py (whose worker
+runs them): an island or a fallback is fine, a wrong gradient, a crash or a hang is not.
+
+Sampled to keep CI's time: a quarter of the differentiable entries of op_db (float32, one
+sample each), a different quarter for each commit (drawn with the commit's hash), so that CI
+covers all of them over the commits while a run of one commit stays reproducible
+(BOO_OPINFO_GRADIENT_SEED names another draw). BOO_OPINFO_GRADIENT_OPS=all runs every one
+(5 minutes with two workers); the script form is `python tests/test_opinfo_sweep.py --gradient`.
+"""
+
+import os
+import random
+import subprocess
+
+import pytest
+
+import test_opinfo_sweep as sweep
+from gradient_samples import differentiable_ops
+
+SHARE = 1 / 4
+# Wrong at the moment, found by this sweep: each a strict xfail, so that a fix shows. (The
+# first run's: nearest grid_sample gave the grid no gradient where eager's is zeros; fixed.
+# ormqr's backward is miscompiled by IREE for other samples than the one picked here; see
+# bench/RESULTS.md.)
+KNOWN_WRONG: dict[str, str] = {}
+
+
+def _seed() -> str:
+    if os.environ.get("BOO_OPINFO_GRADIENT_SEED"):
+        return os.environ["BOO_OPINFO_GRADIENT_SEED"]
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=30,
+                              cwd=os.path.dirname(os.path.abspath(__file__)), check=True).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "no commit"
+
+
+def _ops() -> list[str]:
+    every = differentiable_ops()
+    if os.environ.get("BOO_OPINFO_GRADIENT_OPS", "") == "all":
+        return every
+    rng = random.Random(f"boo-gradient-sweep/{_seed()}")
+    return sorted(rng.sample(every, round(SHARE * len(every))))
+
+
+@pytest.fixture(scope="module")
+def worker(tmp_path_factory):
+    pytest.importorskip("expecttest")  # op_db imports it
+    w = sweep.Worker(sweep.worker_env(str(tmp_path_factory.getbasetemp() / "boo-cache")))
+    yield w
+    w.stop()
+
+
+@pytest.fixture(autouse=True)
+def _not_strict(monkeypatch):
+    monkeypatch.setenv("BOO_STRICT", "0")
+
+
+def _params():
+    try:
+        keys = _ops()
+    except ImportError:  # op_db needs expecttest; the fixture skips with the reason
+        return ["op_db"]
+    return [pytest.param(k, marks=pytest.mark.xfail(strict=True, reason=KNOWN_WRONG[k])) if k in KNOWN_WRONG else k
+            for k in keys]
+
+
+@pytest.mark.parametrize("key", _params())
+def test_opinfo_gradient(key, worker):
+    results = worker.run_op(key, ["float32"], 1, gradient=True)
+    bad = [r for r in results if r.outcome in sweep.BAD]
+    assert not bad, f"{key}: {len(bad)} bad samples\n" + "\n".join(r.line() for r in bad)
