@@ -10,8 +10,6 @@ of many products may round differently), or where its NaNs differ from eager's.
 from __future__ import annotations
 
 import random
-import time
-import warnings
 
 import torch
 from torch.utils._pytree import tree_flatten, tree_leaves, tree_unflatten
@@ -102,27 +100,9 @@ def run_gradient_sample(key: str, dtype_name: str, index: int, sample) -> sweep.
     if not ref[1]:
         result.outcome, result.detail = "skip", "no differentiable output or input"
         return result
-    torch._dynamo.reset()
     boo_backend.reset()
-    start = time.perf_counter()
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        try:
-            ours = run(torch.compile(fn, backend="boo", dynamic=False))
-            error = None
-        except Exception as e:
-            error = e
-    result.seconds = time.perf_counter() - start
-    fallbacks = [w for w in caught if issubclass(w.category, boo_backend.BooFallbackWarning)]
-    if error is not None:
-        torch._dynamo.reset()
-        try:
-            run(torch.compile(fn, backend="eager", dynamic=False))
-        except Exception as e2:
-            result.outcome, result.detail = "skip", f"Dynamo alone fails: {sweep._first_line(e2)}"
-        else:
-            result.outcome, result.detail = "CRASH", sweep._first_line(error)
-        torch._dynamo.reset()
+    ours, fallbacks = sweep.through_boo(fn, run, run, result)
+    if fallbacks is None:
         return sweep._hang_check(result)
     bad = sweep._compare(key, sample, ours[0], ref[0])
     bad = bad or _gradient_mismatch(ours[1], ref[1])

@@ -35,12 +35,7 @@ def _dtype(key: str) -> list[str]:
     return sweep.op_dtypes(key, ["float32", "int64", "bool"])[:1]
 
 
-@pytest.fixture(scope="module")
-def worker(tmp_path_factory):
-    pytest.importorskip("expecttest")  # op_db imports it
-    w = sweep.Worker(sweep.worker_env(str(tmp_path_factory.getbasetemp() / "boo-cache")))
-    yield w
-    w.stop()
+worker = pytest.fixture(scope="module", name="worker")(sweep.own_worker)
 
 
 @pytest.fixture(autouse=True)

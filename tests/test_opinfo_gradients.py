@@ -44,12 +44,7 @@ def _ops() -> list[str]:
     return sorted(rng.sample(every, round(SHARE * len(every))))
 
 
-@pytest.fixture(scope="module")
-def worker(tmp_path_factory):
-    pytest.importorskip("expecttest")  # op_db imports it
-    w = sweep.Worker(sweep.worker_env(str(tmp_path_factory.getbasetemp() / "boo-cache")))
-    yield w
-    w.stop()
+worker = pytest.fixture(scope="module", name="worker")(sweep.own_worker)
 
 
 @pytest.fixture(autouse=True)

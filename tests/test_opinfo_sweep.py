@@ -428,8 +428,6 @@ def sample_function(op, sample):
 
 def run_sample(key: str, dtype_name: str, index: int, sample) -> Result:
     """Eager and compiled on clones of the same inputs; classify the outcome."""
-    import boo_backend
-
     op = _op_db()[key]
     shapes = _describe(sample)
     result = Result(key, dtype_name, index, "ok", shapes)
@@ -446,30 +444,9 @@ def run_sample(key: str, dtype_name: str, index: int, sample) -> Result:
         result.outcome, result.detail = "skip", f"eager raises {_first_line(e)}"
         return result
 
-    torch._dynamo.reset()
     ours_inputs = clones()
-    start = time.perf_counter()
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        try:
-            ours = torch.compile(fn, backend="boo", dynamic=False)(*ours_inputs)
-            error = None
-        except Exception as e:
-            error = e
-    result.seconds = time.perf_counter() - start
-    fallbacks = [w for w in caught if issubclass(w.category, boo_backend.BooFallbackWarning)]
-
-    if error is not None:
-        # Is it Dynamo's own failure, with no boo in the way?
-        torch._dynamo.reset()
-        try:
-            torch.compile(fn, backend="eager", dynamic=False)(*clones())
-        except Exception as e2:
-            result.outcome = "skip"
-            result.detail = f"Dynamo alone fails: {_first_line(e2)}"
-        else:
-            result.outcome, result.detail = "CRASH", _first_line(error)
-        torch._dynamo.reset()
+    ours, fallbacks = through_boo(fn, lambda f: f(*ours_inputs), lambda f: f(*clones()), result)
+    if fallbacks is None:
         return _hang_check(result)
 
     # Inputs: each must be bitwise what it was, unless eager changes it too (then the same).
@@ -505,6 +482,44 @@ def run_sample(key: str, dtype_name: str, index: int, sample) -> Result:
         result.detail = str(fallbacks[0].message)
     torch._dynamo.reset()
     return _hang_check(result)
+
+
+def through_boo(fn, call, call_again, result: Result):
+    """`call(compiled fn)` with fn compiled by boo, timed into `result`: (its value, boo's
+    fallback warnings). Where it raises, (None, None) with `result` a skip when `call_again`
+    fails with Dynamo alone (no boo in the way), else a CRASH."""
+    import boo_backend
+
+    torch._dynamo.reset()
+    start = time.perf_counter()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            ours = call(torch.compile(fn, backend="boo", dynamic=False))
+            error = None
+        except Exception as e:
+            error = e
+    result.seconds = time.perf_counter() - start
+    if error is None:
+        return ours, [w for w in caught if issubclass(w.category, boo_backend.BooFallbackWarning)]
+    torch._dynamo.reset()
+    try:
+        call_again(torch.compile(fn, backend="eager", dynamic=False))
+    except Exception as e2:
+        result.outcome, result.detail = "skip", f"Dynamo alone fails: {_first_line(e2)}"
+    else:
+        result.outcome, result.detail = "CRASH", _first_line(error)
+    torch._dynamo.reset()
+    return None, None
+
+
+def own_worker(tmp_path_factory):
+    """A module's own Worker (the dynamic and gradient sweeps), stopped at its end: made a
+    module-scoped fixture there."""
+    pytest.importorskip("expecttest")  # op_db imports it
+    w = Worker(worker_env(str(tmp_path_factory.getbasetemp() / "boo-cache")))
+    yield w
+    w.stop()
 
 
 def _hang_check(result: Result) -> Result:
