@@ -14,7 +14,7 @@ from boo_backend import extern, timing
 from boo_backend.config import BooError, Options
 from boo_backend.runtime import IreeFunction
 from test_cache import _Layers
-from util import assert_close, close_to_scale, compare_training
+from util import assert_close, assert_step_like_eager, close_to_scale, compare_training
 
 
 def _gelu_scale(x, w):
@@ -750,12 +750,7 @@ def test_a_graph_wholly_measured_faster_in_aten_runs_as_dynamos_graph(monkeypatc
             assert_close(run(x), ours, "second forward")
             assert ran and ran[-1] == "aten", ran  # the first call ran in IREE, then measured
         ran.clear()
-        grads = torch.autograd.grad(ours.square().mean(), list(model.parameters()))
-        ref = model(x)
-        theirs = torch.autograd.grad(ref.square().mean(), list(model.parameters()))
-        assert_close(ours, ref, f"step {i}")
-        for g, r in zip(grads, theirs):
-            assert_close(g, r, f"step {i} gradient")
+        assert_step_like_eager(model, x, ours, f"step {i}")
         calls.append(list(ran))
         ran.clear()
     # The backward's part: its first call in IREE, measured, then in ATen. The switch comes at

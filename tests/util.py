@@ -33,6 +33,17 @@ def assert_close(ours, ref, what="value", rtol=None, atol=None):
     )
 
 
+def assert_step_like_eager(model, x, ours, what):
+    """`ours` (the compiled model's output on `x`) and the parameters' gradients of its
+    squared mean are eager's."""
+    grads = torch.autograd.grad(ours.square().mean(), list(model.parameters()))
+    ref = model(x)
+    theirs = torch.autograd.grad(ref.square().mean(), list(model.parameters()))
+    assert_close(ours, ref, what)
+    for g, r in zip(grads, theirs):
+        assert_close(g, r, f"{what} gradient")
+
+
 def train_steps(model, batches, loss_fn, backend, steps=2, lr=0.1, **compile_kw):
     """Run `steps` SGD steps on a copy of `model`, compiled with `backend` (None: eager).
     Returns the losses, the gradients of the last step and the final state dict."""
