@@ -395,6 +395,7 @@ def build_core(gm: fx.GraphModule, sizes_from_shapes: bool = False) -> tuple[fx.
         _sizes_read_from_shapes(graph)
     core = fx.GraphModule(torch.nn.Module(), graph)
     core.graph.eliminate_dead_code()
+    in_output_order(core.graph)
     # An input only views of which leave (returned as views, on the Python side) is not
     # passed: passing it would copy it when it is not dense (a transposed weight: 150 MB).
     kept = []
@@ -406,6 +407,40 @@ def build_core(gm: fx.GraphModule, sizes_from_shapes: bool = False) -> tuple[fx.
             kept.append(source)
     core.recompile()
     return core, kept, outputs, result_layouts, tuple_output
+
+
+def in_output_order(graph: fx.Graph) -> None:
+    """Reorder `graph`'s computation depth first from its output, each node's arguments in
+    order: each value is computed right before the first node that needs it, and the pieces of
+    a cat (and a slice_scatter's base before its source) in their order.
+
+    IREE 3.13 miscompiles some programs in any other order. To write a dispatch's result in
+    place into a cat's (or an update's) buffer, its stream pass EmplaceAllocations moves the
+    producers of that buffer up, above the dispatch, and does not check what it moves past: it
+    moved a dispatch that updates a tensor in place (a slice_scatter on an inner dim) above a
+    matmul that still had to read that tensor (ormqr's backward, whose cat takes its pieces in
+    the reverse of the order it computes them: gradients off by up to 100%; the FX graph in
+    eager and every intermediate were right). Computed in this order, whatever a cat's later
+    piece waits for is already above it, and nothing is moved."""
+    done: set[fx.Node] = set()
+    order: list[fx.Node] = []
+    out = next(n for n in graph.nodes if n.op == "output")
+    stack: list[tuple[fx.Node, bool]] = [(out, False)]
+    while stack:  # iterative: a deep model's graph is deeper than Python's recursion limit
+        node, expanded = stack.pop()
+        if expanded:
+            order.append(node)
+            continue
+        if node in done:
+            continue
+        done.add(node)
+        stack.append((node, True))
+        stack.extend((arg, False) for arg in reversed(node.all_input_nodes) if arg not in done)
+    placeholders = [n for n in graph.nodes if n.op == "placeholder"]
+    rest = [n for n in graph.nodes if n not in done and n.op != "placeholder"]  # kept by DCE, unread
+    for node in placeholders + [n for n in order if n.op not in ("placeholder", "output")] + rest:
+        if node is not out:
+            out.prepend(node)
 
 
 def output_texts(outputs: list) -> list[str]:

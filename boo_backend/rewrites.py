@@ -342,6 +342,55 @@ def _contracts_nothing(*args, **kwargs) -> bool:
     return args[-1].dim() >= 2 and args[-2].shape[-1] == 0
 
 
+def _is_one(n) -> bool:
+    return is_static(n) and int(n) == 1
+
+
+def _one_row_or_column(*args, **kwargs) -> bool:
+    """Whether mm/addmm/bmm multiplies one row (a is 1 x K) or by one column (b is K x 1),
+    that size being known (the others may be symbolic)."""
+    a, b = args[-2], args[-1]
+    if a.dim() not in (2, 3) or b.dim() != a.dim():
+        return False
+    return _is_one(a.shape[-2]) or _is_one(b.shape[-1])
+
+
+def _vector_product(op):
+    """mm/addmm/bmm of one row by a matrix (or of a matrix by one column) as a product and a
+    sum over the contracted dim, in f32 for f16/bf16 as eager's matmul accumulates.
+
+    On its data-tiling path IREE 3.13 packs a 1 x K operand as a plain reshape of where it
+    came from and reads it as if dense: the transpose of a column slice (w[:, j:j+1].t() @ m,
+    w[:, j] @ m, linear of such a row, einsum) read K elements from the slice's start instead
+    of one per row of w, a wrong answer without an error; with symbolic sizes the result came
+    back padded to 16 columns. Such a product is a reduction anyway."""
+
+    def rewrite(*args, beta=1, alpha=1):
+        if not _one_row_or_column(*args):
+            return NotImplemented
+        a, b = args[-2], args[-1]
+        out_dtype = a.dtype
+        if a.dtype.is_floating_point and a.dtype.itemsize < 4:
+            a = aten._to_copy.default(a, dtype=torch.float32)
+            b = aten._to_copy.default(b, dtype=torch.float32)
+        if _is_one(a.shape[-2]):  # [.., 1, K] @ [.., K, N]: b's rows weighted by a, summed
+            column = aten.reshape.default(a, [*a.shape[:-2], a.shape[-1], 1])
+            out = aten.sum.dim_IntList(aten.mul.Tensor(column, b), [-2], True, dtype=a.dtype)
+        else:  # [.., M, K] @ [.., K, 1]: a's rows weighted by b, summed
+            row = aten.reshape.default(b, [*b.shape[:-2], 1, b.shape[-2]])
+            out = aten.sum.dim_IntList(aten.mul.Tensor(a, row), [-1], True, dtype=a.dtype)
+        if out.dtype != out_dtype:
+            out = aten._to_copy.default(out, dtype=out_dtype)
+        if op is aten.addmm.default:
+            if alpha != 1:
+                out = aten.mul.Tensor(out, alpha)
+            if beta != 0:  # beta 0 ignores self, NaNs and all, as eager does
+                out = aten.add.Tensor(out, args[0] if beta == 1 else aten.mul.Tensor(args[0], beta))
+        return out
+
+    return rewrite
+
+
 def _positive_dim(op):
     """`op` (x, dim, ...) with dim counted from the front: torch-mlir's scatter lowering
     crashes iree-compile on a negative dim."""
@@ -465,6 +514,10 @@ _REWRITES = _merged(REFUSAL_REWRITES, INT8_REWRITES, F64_REWRITES, IN_F64, NAN_R
     aten._log_softmax.default: (_is_0d, _over_a_vector(aten._log_softmax.default, 1)),
     aten._softmax_backward_data.default: (_is_0d, _over_a_vector(aten._softmax_backward_data.default, 2)),
     aten._log_softmax_backward_data.default: (_is_0d, _over_a_vector(aten._log_softmax_backward_data.default, 2)),
+}, {
+    aten.mm.default: (_one_row_or_column, _vector_product(aten.mm.default)),
+    aten.addmm.default: (_one_row_or_column, _vector_product(aten.addmm.default)),
+    aten.bmm.default: (_one_row_or_column, _vector_product(aten.bmm.default)),
 }, {op: (_negative_dim, _positive_dim(op)) for op in (
     aten.scatter.src, aten.scatter.value, aten.scatter.reduce, aten.scatter.value_reduce, aten.scatter_add.default,
     aten.scatter_reduce.two, aten.index_add.default, aten.index_copy.default, aten.gather.default)})

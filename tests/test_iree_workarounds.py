@@ -512,3 +512,142 @@ def test_weighted_and_padded_embedding_bag_sums_as_eager(weighted, padding_idx, 
             torch.testing.assert_close(a, b)
     placed = boo_backend.placements()
     assert placed and not any(p.island or p.recovered for p in placed), [p.line() for p in placed]
+
+
+def _raw_module(fn, args, tmp_path, rewritten=False):
+    """`fn` traced and lowered as boo lowers a graph, compiled with boo's flags: what IREE
+    itself makes of it, with boo's pre-lowering rewrites applied or (by default) not."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from boo_backend.lower import arguments, lower
+    from boo_backend.rewrites import PRE_LOWERING
+
+    lowered = lower(make_fx(fn, decomposition_table=PRE_LOWERING if rewritten else None)(*args))
+    target = parse_target("llvm-cpu")
+    vmfb = compile_mlir(lowered.mlir, target, CompileCache(tmp_path, enabled=False))
+    function = IreeFunction(vmfb, target, graph=fn.__name__, driver="local-sync")
+    return function(arguments(lowered.inputs, list(args)), 1)[0]
+
+
+def _cat_of_late_pieces(x, base, rows, cols, block, a, b, e, s):
+    """Cut down from ormqr's backward: a cat whose first piece is computed last, after a
+    slice_scatter on an inner dim of a value that the second piece's matmuls read."""
+    last = -x.squeeze(-1)
+    v1 = base.slice_scatter(rows, dim=0, start=3, end=5)
+    middle = -((e @ v1[2:5])[:, 2:5] @ s).squeeze(-1)
+    v2 = v1.slice_scatter(cols, dim=1, start=1, end=5)
+    v3 = v2.slice_scatter(block, dim=0, start=2, end=5)
+    first = -((a @ v3[1:5])[:, 1:5] @ b).squeeze(-1)
+    return torch.cat([first, middle, last])
+
+
+def _late_pieces_args():
+    g = torch.Generator().manual_seed(0)
+    shapes = [(1, 1), (5, 5), (2, 5), (5, 4), (3, 5), (1, 4), (4, 1), (1, 3), (3, 1)]
+    return [torch.randn(s, generator=g) for s in shapes]
+
+
+@pytest.mark.xfail(strict=True, reason="IREE 3.13: EmplaceAllocations moves a slice_scatter's in-place "
+                   "update above a matmul that still reads the tensor it updates")
+def test_a_cat_of_pieces_computed_out_of_order_in_graph_order(tmp_path, monkeypatch):
+    """The raw repro: the graph as boo's rewrites leave it (row-wise slice_scatters as cats,
+    one-row matmuls as sums), in the order it was traced, where boo computes it depth first
+    from its output (lower.in_output_order). The second piece came out 2.1 off."""
+    from boo_backend import lower
+
+    monkeypatch.setattr(lower, "in_output_order", lambda graph: None)
+    args = _late_pieces_args()
+    ours = _raw_module(_cat_of_late_pieces, args, tmp_path, rewritten=True)
+    torch.testing.assert_close(ours, _cat_of_late_pieces(*args))
+
+
+def test_a_cat_of_pieces_computed_out_of_order_is_right():
+    """Through boo, strict: computed depth first from the output, every piece is right."""
+    import boo_backend
+
+    boo_backend.reset()
+    args = _late_pieces_args()
+    ours = torch.compile(_cat_of_late_pieces, backend="boo")(*args)
+    ref = _cat_of_late_pieces(*[a.double() for a in args])
+    torch.testing.assert_close(ours.double(), ref, rtol=1e-5, atol=1e-6)
+    assert not any(p.island for p in boo_backend.placements())
+
+
+def _row_of_a_column_slice(w, m):
+    return w[:, 2:3].t() @ m
+
+
+@pytest.mark.xfail(strict=True, reason="IREE 3.13: global-optimization data tiling reads a 1 x K "
+                   "operand (the transpose of a column slice) as if dense")
+def test_a_row_of_a_column_slice_on_the_data_tiling_path(tmp_path):
+    """The raw repro: the matmul as torch-mlir lowers it; IREE read w's elements 2..38 in a row
+    instead of w[:, 2] (boo computes such a product as a sum: rewrites._vector_product)."""
+    g = torch.Generator().manual_seed(0)
+    w, m = torch.randn(37, 11, generator=g), torch.randn(37, 70, generator=g)
+    torch.testing.assert_close(_raw_module(_row_of_a_column_slice, (w, m), tmp_path), _row_of_a_column_slice(w, m))
+
+
+_ONE_ROW_OR_COLUMN = {
+    "row.t() @ m": lambda w, m, c: w[:, 2:3].t() @ m,
+    "m.t() @ column": lambda w, m, c: m.t() @ w[:, 2:3],
+    "vector @ m": lambda w, m, c: w[:, 2] @ m,
+    "linear": lambda w, m, c: torch.nn.functional.linear(w[:, 2:3].t(), m.t(), c),
+    "addmm": lambda w, m, c: torch.addmm(c, w[:, 2:3].t(), m, beta=0.5, alpha=2.0),
+    "einsum": lambda w, m, c: torch.einsum("nk,np->kp", w[:, 2:3], m),
+}
+
+
+# Every form static in f32; with symbolic sizes and in bf16 (which share the rewrite), some.
+_PRODUCT_CASES = [(form, False, torch.float32) for form in _ONE_ROW_OR_COLUMN] + [
+    ("vector @ m", True, torch.float32), ("m.t() @ column", True, torch.float32),
+    ("row.t() @ m", False, torch.bfloat16), ("linear", True, torch.bfloat16)]
+
+
+@pytest.mark.parametrize("form, dynamic, dtype", _PRODUCT_CASES,
+                         ids=[f"{f}-{'dynamic' if d else 'static'}-{str(t)[6:]}" for f, d, t in _PRODUCT_CASES])
+def test_products_with_one_row_or_column_match_float64(form, dynamic, dtype, monkeypatch):
+    """One row (or column) of a matrix times another, as users write it, strict, against
+    float64. Static: the wrong read above (off by 23 at these sizes). Symbolic: `vector @ m`
+    came back with 80 columns, not 70 (which the dynamic check caught; it is off here)."""
+    import boo_backend
+
+    monkeypatch.setenv("BOO_VERIFY", "off")
+    fn = _ONE_ROW_OR_COLUMN[form]
+    boo_backend.reset()
+    torch._dynamo.reset()
+    run = torch.compile(fn, backend="boo", dynamic=dynamic)
+    for n, k, p in ((37, 11, 70), (130, 5, 129))[: 2 if dynamic else 1]:
+        g = torch.Generator().manual_seed(n)
+        w, m, c = torch.randn(n, k, generator=g), torch.randn(n, p, generator=g), torch.randn(p, generator=g)
+        args = [t.to(dtype) for t in (w, m, c)]
+        ours = run(*args)
+        ref = fn(*[t.double() for t in args])
+        tol = 1e-5 if dtype == torch.float32 else 2e-2
+        torch.testing.assert_close(ours.double(), ref, rtol=tol, atol=tol * ref.abs().max().item(),
+                                   msg=f"{form} at {n}x{k}, {n}x{p}")
+    placed = boo_backend.placements()
+    assert placed and not any(p.island or p.recovered for p in placed), [p.line() for p in placed]
+
+
+@pytest.mark.parametrize("m, k, n", [(5, 3, 2), (7, 4, 3)])
+def test_ormqr_gradients_match_eager(m, k, n, monkeypatch):
+    """Where both bugs above were found: ormqr's backward (its forward is an ATen island) gave
+    gradients up to 100x off, silently. Not strict: ormqr itself runs in eager."""
+    import boo_backend
+
+    monkeypatch.setenv("BOO_STRICT", "0")
+
+    def apply(a, tau, c):
+        return torch.ormqr(a, tau, c, left=True, transpose=False)
+
+    boo_backend.reset()
+    torch._dynamo.reset()
+    g = torch.Generator().manual_seed(m * 10 + k)
+    a = torch.randn(m, k, generator=g, requires_grad=True)
+    tau = torch.rand(k, generator=g, requires_grad=True)
+    c = torch.randn(m, n, generator=g, requires_grad=True)
+    cotangent = torch.randn(m, n, generator=g)
+    ref = torch.autograd.grad(apply(a, tau, c), (a, tau, c), cotangent)
+    ours = torch.autograd.grad(torch.compile(apply, backend="boo")(a, tau, c), (a, tau, c), cotangent)
+    for name, r, o in zip(("input", "tau", "other"), ref, ours):
+        torch.testing.assert_close(o, r, rtol=1e-4, atol=1e-4 * r.abs().max().item(), msg=f"gradient of {name}")
