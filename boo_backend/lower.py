@@ -11,6 +11,7 @@ in Python from an output plan.
 from __future__ import annotations
 
 import dataclasses
+import heapq
 import io
 import logging
 import operator
@@ -395,7 +396,7 @@ def build_core(gm: fx.GraphModule, sizes_from_shapes: bool = False) -> tuple[fx.
         _sizes_read_from_shapes(graph)
     core = fx.GraphModule(torch.nn.Module(), graph)
     core.graph.eliminate_dead_code()
-    in_output_order(core.graph)
+    pieces_in_order(core.graph)
     # An input only views of which leave (returned as views, on the Python side) is not
     # passed: passing it would copy it when it is not dense (a transposed weight: 150 MB).
     kept = []
@@ -409,38 +410,88 @@ def build_core(gm: fx.GraphModule, sizes_from_shapes: bool = False) -> tuple[fx.
     return core, kept, outputs, result_layouts, tuple_output
 
 
-def in_output_order(graph: fx.Graph) -> None:
-    """Reorder `graph`'s computation depth first from its output, each node's arguments in
-    order: each value is computed right before the first node that needs it, and the pieces of
-    a cat (and a slice_scatter's base before its source) in their order.
+# Ops whose result IREE assembles in one buffer from their tensor arguments, each written
+# in place into what the ones before it wrote: a cat's pieces, a scatter's base then source.
+_ASSEMBLED = frozenset({
+    torch.ops.aten.cat.default, torch.ops.aten.slice_scatter.default, torch.ops.aten.select_scatter.default,
+    torch.ops.aten.diagonal_scatter.default, torch.ops.aten.as_strided_scatter.default,
+})
 
-    IREE 3.13 miscompiles some programs in any other order. To write a dispatch's result in
-    place into a cat's (or an update's) buffer, its stream pass EmplaceAllocations moves the
-    producers of that buffer up, above the dispatch, and does not check what it moves past: it
-    moved a dispatch that updates a tensor in place (a slice_scatter on an inner dim) above a
-    matmul that still had to read that tensor (ormqr's backward, whose cat takes its pieces in
-    the reverse of the order it computes them: gradients off by up to 100%; the FX graph in
-    eager and every intermediate were right). Computed in this order, whatever a cat's later
-    piece waits for is already above it, and nothing is moved."""
-    done: set[fx.Node] = set()
+
+def _closure(node: fx.Node) -> set[fx.Node]:
+    """`node` and every node it depends on."""
+    seen, todo = {node}, [node]
+    while todo:
+        for arg in todo.pop().all_input_nodes:
+            if arg not in seen:
+                seen.add(arg)
+                todo.append(arg)
+    return seen
+
+
+def pieces_in_order(graph: fx.Graph) -> None:
+    """Reorder `graph` so that what each piece of a cat (or a scatter's source) needs beyond
+    the pieces before it is computed after them; the rest keeps its order.
+
+    IREE 3.13 miscompiles such a graph in the other order. To write a piece's dispatch in
+    place into the cat's buffer, its stream pass EmplaceAllocations moves the earlier pieces'
+    producers up, above that dispatch, and does not check what it moves past: it moved a
+    slice_scatter that updates a tensor in place above a matmul that still had to read that
+    tensor (ormqr's backward, whose cat takes its pieces in the reverse of the order it
+    computes them: gradients up to 100x off; the FX graph in eager and every intermediate,
+    returned, were right). In this order nothing needs to move."""
+    nodes = list(graph.nodes)
+    index = {n: i for i, n in enumerate(nodes)}
+    after: dict[fx.Node, set[fx.Node]] = {}  # node -> nodes that must come after it
+    moves = False
+    for node in nodes:
+        if node.op != "call_function" or node.target not in _ASSEMBLED:
+            continue
+        flat = node.args[0] if node.target is torch.ops.aten.cat.default else node.args[:2]
+        pieces = [p for p in flat if isinstance(p, fx.Node)]
+        earlier: set[fx.Node] = set()
+        for prev, piece in zip(pieces, pieces[1:]):
+            earlier |= _closure(prev)
+            later = {n for n in _closure(piece) - earlier if n.op != "placeholder"}
+            if later:
+                after.setdefault(prev, set()).update(later)
+                moves = moves or any(index[n] < index[prev] for n in later)
+    if not moves:  # the graph's own order already has every piece's work after the one before
+        return
+    # Kahn's algorithm, the ready node first in the graph's order; a cycle among the added
+    # constraints (two cats asking for opposite orders) drops them for the node it stalls on.
+    waits = {n: set(n.all_input_nodes) for n in nodes}
+    for first, later in after.items():
+        for n in later:
+            waits[n].add(first)
+    users = {n: set() for n in nodes}
+    for n, deps in waits.items():
+        for d in deps:
+            users[d].add(n)
+    ready = [(index[n], n.name) for n in nodes if not waits[n]]
+    by_name = {n.name: n for n in nodes}
+    heapq.heapify(ready)
     order: list[fx.Node] = []
-    out = next(n for n in graph.nodes if n.op == "output")
-    stack: list[tuple[fx.Node, bool]] = [(out, False)]
-    while stack:  # iterative: a deep model's graph is deeper than Python's recursion limit
-        node, expanded = stack.pop()
-        if expanded:
-            order.append(node)
+    placed: set[fx.Node] = set()
+    while len(order) < len(nodes):
+        if not ready:  # stalled: the first node whose data is all there goes next
+            n = min((n for n in nodes if n not in placed and set(n.all_input_nodes) <= placed), key=index.get)
+            waits[n] = set()
+            heapq.heappush(ready, (index[n], n.name))
+        _, name = heapq.heappop(ready)
+        n = by_name[name]
+        if n in placed:
             continue
-        if node in done:
-            continue
-        done.add(node)
-        stack.append((node, True))
-        stack.extend((arg, False) for arg in reversed(node.all_input_nodes) if arg not in done)
-    placeholders = [n for n in graph.nodes if n.op == "placeholder"]
-    rest = [n for n in graph.nodes if n not in done and n.op != "placeholder"]  # kept by DCE, unread
-    for node in placeholders + [n for n in order if n.op not in ("placeholder", "output")] + rest:
-        if node is not out:
-            out.prepend(node)
+        placed.add(n)
+        order.append(n)
+        for u in users[n]:
+            waits[u].discard(n)
+            if not waits[u] and u not in placed:
+                heapq.heappush(ready, (index[u], u.name))
+    out = next(n for n in nodes if n.op == "output")
+    for n in order:
+        if n is not out:
+            out.prepend(n)
 
 
 def output_texts(outputs: list) -> list[str]:

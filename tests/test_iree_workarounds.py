@@ -551,18 +551,19 @@ def _late_pieces_args():
                    "update above a matmul that still reads the tensor it updates")
 def test_a_cat_of_pieces_computed_out_of_order_in_graph_order(tmp_path, monkeypatch):
     """The raw repro: the graph as boo's rewrites leave it (row-wise slice_scatters as cats,
-    one-row matmuls as sums), in the order it was traced, where boo computes it depth first
-    from its output (lower.in_output_order). The second piece came out 2.1 off."""
+    one-row matmuls as sums), in the order it was traced, where boo computes each piece's
+    work after the pieces before it (lower.pieces_in_order). The second piece came out 2.1
+    off."""
     from boo_backend import lower
 
-    monkeypatch.setattr(lower, "in_output_order", lambda graph: None)
+    monkeypatch.setattr(lower, "pieces_in_order", lambda graph: None)
     args = _late_pieces_args()
     ours = _raw_module(_cat_of_late_pieces, args, tmp_path, rewritten=True)
     torch.testing.assert_close(ours, _cat_of_late_pieces(*args))
 
 
 def test_a_cat_of_pieces_computed_out_of_order_is_right():
-    """Through boo, strict: computed depth first from the output, every piece is right."""
+    """Through boo, strict: each piece's work after the pieces before it, every piece is right."""
     import boo_backend
 
     boo_backend.reset()

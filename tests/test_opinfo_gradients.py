@@ -21,8 +21,8 @@ from gradient_samples import differentiable_ops
 SHARE = 1 / 8
 # Wrong at the moment, found by this sweep: each a strict xfail, so that a fix shows. (The
 # first run's: nearest grid_sample gave the grid no gradient where eager's is zeros; fixed.
-# ormqr's backward is miscompiled by IREE for other samples than the one picked here; see
-# bench/RESULTS.md.)
+# ormqr's backward, wrong for other samples than the one picked here, was two IREE
+# miscompiles: tests/test_iree_workarounds.py.)
 KNOWN_WRONG: dict[str, str] = {}
 
 
