@@ -56,6 +56,7 @@ def _cases(negatives: bool):
 
 @pytest.mark.parametrize("dynamic", [False, True])
 @pytest.mark.parametrize("name", list(_OPS))
+@pytest.mark.sweep(0.5)
 def test_an_index_out_of_range_raises_as_in_eager(name, dynamic, monkeypatch):
     fn, negatives = _OPS[name]
     monkeypatch.setenv("BOO_VERIFY", "off")  # the test compares; eager itself raises on the bad cases

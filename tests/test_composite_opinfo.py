@@ -80,6 +80,7 @@ def _err(a, b):
 
 
 @pytest.mark.parametrize("name,dtype,index", list(_cases()))
+@pytest.mark.sweep(0.5)
 def test_opinfo_sample_strict_forward_backward(name, dtype, index):
     sample = _samples(name, dtype)[index]
     # OpInfo wraps some ops in helpers Dynamo does not trace (sdpa's seeds its RNG): call the

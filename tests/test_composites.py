@@ -417,6 +417,7 @@ def check_against_float64(name, dtype, shape, variant, contiguous=True, expect_c
 
 
 @pytest.mark.parametrize("name,dtype,shape,variant", list(_cases()))
+@pytest.mark.sweep(0.5)
 def test_composite_matches_float64(name, dtype, shape, variant):
     check_against_float64(name, dtype, shape, variant)
 

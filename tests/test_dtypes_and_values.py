@@ -495,6 +495,7 @@ _DYNAMIC_SORTS = pytest.mark.xfail(strict=True, reason=(
 @pytest.mark.parametrize("name, dynamic", [
     pytest.param(n, d, marks=_DYNAMIC_SORTS if n in _SORTS and d else (), id=f"{n}-{'dynamic' if d else 'static'}")
     for n in _NAN_OPS for d in (False, True)])
+@pytest.mark.sweep(0.5)
 def test_nan_comes_out_where_eager_gives_it(name, dynamic, dtype, monkeypatch):
     fn = _NAN_OPS[name]
     run = _checked_here(fn, dynamic, monkeypatch)  # both kinds of module
@@ -697,6 +698,7 @@ def _same_numbers(ours, theirs) -> bool:
 @pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64], ids=str)
 @pytest.mark.parametrize("name", list(_DIVISIONS))
+@pytest.mark.sweep(0.5)
 def test_float_fmod_and_floor_division_as_eager(name, dtype, dynamic, monkeypatch):
     fn = _DIVISIONS[name]
     run = _checked_here(fn, dynamic, monkeypatch)
@@ -877,6 +879,7 @@ _WITH_INTS = ["lt", "gt", "le", "ge", "eq", "ne", "add", "sub", "mul", "div", "r
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("name", _WITH_INTS)
+@pytest.mark.sweep(0.5)
 def test_constant_tensors_with_int_numbers(name, dtype, monkeypatch):
     monkeypatch.setenv("BOO_VERIFY", "off")
     values, numbers = (0.3, -2.5, 0.0, 1.0, 7.0), (0, 1, -1, 2)

@@ -136,6 +136,7 @@ def _check(name, what, ours, ref, eager, dtype):
 
 @pytest.mark.parametrize("dtype", list(DTYPES.values()), ids=list(DTYPES))
 @pytest.mark.parametrize("name", sorted(CASES))
+@pytest.mark.sweep(0.5)
 def test_dynamic_composite_matches_float64(name, dtype):
     case = CASES[name]
     torch.manual_seed(seed_for(name, str(dtype)))

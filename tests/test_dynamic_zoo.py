@@ -98,6 +98,7 @@ def _no_check_of_boos_own(monkeypatch):
 
 
 @pytest.mark.parametrize("name", INFERRED)
+@pytest.mark.sweep(0.5)
 def test_dynamic_inference(name):
     model, _ = MODELS[name]()
     model.eval()
@@ -117,6 +118,7 @@ def test_dynamic_inference(name):
 
 
 @pytest.mark.parametrize("name", TRAINED)
+@pytest.mark.sweep(0.5)
 def test_dynamic_training_step(name):
     model, _ = MODELS[name]()
     ref = copy.deepcopy(model)

@@ -46,6 +46,7 @@ class _WithWeight(torch.nn.Module):
 @pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
 @pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.sweep(0.5)
 def test_decomposition_in_iree_against_float64(case, dtype, dynamic, monkeypatch):
     monkeypatch.setenv("BOO_VERIFY", "off")  # a wrong dynamic module must not be caught and hidden
     op, fn, w_shape, shapes = CASES[case]

@@ -50,6 +50,7 @@ def _lowered(name, dtype, target="llvm-cpu", shape=None):
 @pytest.mark.parametrize("target", TARGETS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
 @pytest.mark.parametrize("name", sorted(ROWS))
+@pytest.mark.sweep(0.5)
 def test_composite_compiles_for_gpu(name, dtype, target, tmp_path):
     vmfb = compile_mlir(_lowered(name, dtype, target), parse_target(target), CompileCache(tmp_path, enabled=False))
     assert len(vmfb) > 1000

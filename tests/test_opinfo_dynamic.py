@@ -46,6 +46,7 @@ def _not_strict(monkeypatch):
 @pytest.mark.parametrize("key", [
     pytest.param(k, marks=pytest.mark.xfail(strict=True, reason=KNOWN_WRONG[k])) if k in KNOWN_WRONG else k
     for k in _ops()])
+@pytest.mark.sweep(0.5)
 def test_opinfo_dynamic(key, worker):
     results = worker.run_op(key, _dtype(key), 1, dynamic=True)
     if not results:  # layer norm's: normalized_shape names every size of its samples

@@ -11,11 +11,11 @@ covers all of them over the commits while a run of one commit stays reproducible
 
 import os
 import random
-import subprocess
 
 import pytest
 
 import test_opinfo_sweep as sweep
+from conftest import commit_seed
 from gradient_samples import differentiable_ops
 
 SHARE = 1 / 8
@@ -27,13 +27,7 @@ KNOWN_WRONG: dict[str, str] = {}
 
 
 def _seed() -> str:
-    if os.environ.get("BOO_OPINFO_GRADIENT_SEED"):
-        return os.environ["BOO_OPINFO_GRADIENT_SEED"]
-    try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=30,
-                              cwd=os.path.dirname(os.path.abspath(__file__)), check=True).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return "no commit"
+    return os.environ.get("BOO_OPINFO_GRADIENT_SEED") or commit_seed()
 
 
 def _ops() -> list[str]:

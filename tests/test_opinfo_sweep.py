@@ -755,6 +755,7 @@ def dtypes_for(key: str) -> list[str]:
 
 
 @pytest.mark.parametrize("key", OPS)
+@pytest.mark.sweep(0.6)
 def test_opinfo(key, worker):
     results = worker.run_op(key, dtypes_for(key), SAMPLES_PER_DTYPE)
     _RESULTS.extend(results)

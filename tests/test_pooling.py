@@ -49,6 +49,7 @@ REL = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
 @pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
 @pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.sweep(0.5)
 def test_pooling_forward_and_backward_in_iree(case, dtype, dynamic, monkeypatch):
     monkeypatch.setenv("BOO_VERIFY", "off")  # a wrong dynamic module must not be caught and hidden
     fn, shapes = CASES[case]

@@ -53,6 +53,7 @@ def _assert_all_in_iree():
 
 
 @pytest.mark.parametrize("name", list(MODELS))
+@pytest.mark.sweep(0.6)
 def test_training_step(name):
     model, batch = MODELS[name]()
     ref = copy.deepcopy(model)
@@ -86,6 +87,7 @@ def test_training_step(name):
 
 
 @pytest.mark.parametrize("name", list(MODELS))
+@pytest.mark.sweep(0.6)
 def test_inference(name):
     model, batch = MODELS[name]()
     model.eval()
