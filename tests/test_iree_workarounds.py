@@ -551,7 +551,7 @@ def _late_pieces_args():
                    "update above a matmul that still reads the tensor it updates")
 def test_a_cat_of_pieces_computed_out_of_order_in_graph_order(tmp_path, monkeypatch):
     """The raw repro: the graph as boo's rewrites leave it (row-wise slice_scatters as cats,
-    one-row matmuls as sums), in the order it was traced, where boo computes each piece's
+    one-row matmuls with a row of zeros), in the order it was traced, where boo computes each piece's
     work after the pieces before it (lower.pieces_in_order). The second piece came out 2.1
     off."""
     from boo_backend import lower
@@ -582,7 +582,7 @@ def _row_of_a_column_slice(w, m):
                    "operand (the transpose of a column slice) as if dense")
 def test_a_row_of_a_column_slice_on_the_data_tiling_path(tmp_path):
     """The raw repro: the matmul as torch-mlir lowers it; IREE read w's elements 2..38 in a row
-    instead of w[:, 2] (boo computes such a product as a sum: rewrites._vector_product)."""
+    instead of w[:, 2] (boo gives such a product a second row: rewrites._vector_product)."""
     g = torch.Generator().manual_seed(0)
     w, m = torch.randn(37, 11, generator=g), torch.randn(37, 70, generator=g)
     torch.testing.assert_close(_raw_module(_row_of_a_column_slice, (w, m), tmp_path), _row_of_a_column_slice(w, m))
