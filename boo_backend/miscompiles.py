@@ -1,12 +1,15 @@
 """What IREE 3.13 (through torch-mlir) computes wrongly, and where boo runs it instead:
 ops wrong for some dtypes (eager islands: wrong_in_iree), ops wrong with symbolic sizes (the
-graph compiles per shape: wrong_when_dynamic), and sorts that must not share a module
-(ATen kernels: sorts_apart). tests/test_iree_workarounds.py holds the repros.
+graph compiles per shape: wrong_when_dynamic), sorts that must not share a module (ATen
+kernels: sorts_apart), and cats whose pieces come out of order (reordered: pieces_in_order).
+tests/test_iree_workarounds.py holds the repros.
 
 A leaf: imports nothing from boo_backend.
 """
 
 from __future__ import annotations
+
+import heapq
 
 import torch
 import torch.fx as fx
@@ -203,3 +206,85 @@ def widened(op):
                          else aten._to_copy.default(o, dtype=e.dtype) for o, e in zip(out, expected))
 
     return rewrite
+
+
+# Ops whose result IREE assembles in one buffer from their tensor arguments, each written
+# in place into what the ones before it wrote: a cat's pieces, a scatter's base then source.
+_ASSEMBLED = frozenset({
+    torch.ops.aten.cat.default, torch.ops.aten.slice_scatter.default, torch.ops.aten.select_scatter.default,
+    torch.ops.aten.diagonal_scatter.default, torch.ops.aten.as_strided_scatter.default,
+})
+
+
+def _closure(node: fx.Node) -> set[fx.Node]:
+    """`node` and every node it depends on."""
+    seen, todo = {node}, [node]
+    while todo:
+        for arg in todo.pop().all_input_nodes:
+            if arg not in seen:
+                seen.add(arg)
+                todo.append(arg)
+    return seen
+
+
+def pieces_in_order(graph: fx.Graph) -> None:
+    """Reorder `graph` so that what each piece of a cat (or a scatter's source) needs beyond
+    the pieces before it is computed after them; the rest keeps its order.
+
+    IREE 3.13 miscompiles such a graph in the other order. To write a piece's dispatch in
+    place into the cat's buffer, its stream pass EmplaceAllocations moves the earlier pieces'
+    producers up, above that dispatch, and does not check what it moves past: it moved a
+    slice_scatter that updates a tensor in place above a matmul that still had to read that
+    tensor (ormqr's backward, whose cat takes its pieces in the reverse of the order it
+    computes them: gradients up to 100x off; the FX graph in eager and every intermediate,
+    returned, were right). In this order nothing needs to move."""
+    nodes = list(graph.nodes)
+    index = {n: i for i, n in enumerate(nodes)}
+    after: dict[fx.Node, set[fx.Node]] = {}  # node -> nodes that must come after it
+    moves = False
+    for node in nodes:
+        if node.op != "call_function" or node.target not in _ASSEMBLED:
+            continue
+        flat = node.args[0] if node.target is torch.ops.aten.cat.default else node.args[:2]
+        pieces = [p for p in flat if isinstance(p, fx.Node)]
+        earlier: set[fx.Node] = set()
+        for prev, piece in zip(pieces, pieces[1:]):
+            earlier |= _closure(prev)
+            later = {n for n in _closure(piece) - earlier if n.op != "placeholder"}
+            if later:
+                after.setdefault(prev, set()).update(later)
+                moves = moves or any(index[n] < index[prev] for n in later)
+    if not moves:  # the graph's own order already has every piece's work after the one before
+        return
+    # Kahn's algorithm, the ready node first in the graph's order; a cycle among the added
+    # constraints (two cats asking for opposite orders) drops them for the node it stalls on.
+    waits = {n: set(n.all_input_nodes) for n in nodes}
+    for first, later in after.items():
+        for n in later:
+            waits[n].add(first)
+    users = {n: set() for n in nodes}
+    for n, deps in waits.items():
+        for d in deps:
+            users[d].add(n)
+    ready = [(index[n], n) for n in nodes if not waits[n]]  # indexes are unique: nodes never compared
+    heapq.heapify(ready)
+    order: list[fx.Node] = []
+    placed: set[fx.Node] = set()
+    while len(order) < len(nodes):
+        if not ready:  # stalled: the first node whose data is all there goes next
+            n = min((n for n in nodes if n not in placed and set(n.all_input_nodes) <= placed), key=index.get)
+            waits[n] = set()
+            heapq.heappush(ready, (index[n], n))
+        _, n = heapq.heappop(ready)
+        if n in placed:
+            continue
+        placed.add(n)
+        order.append(n)
+        for u in users[n]:
+            waits[u].discard(n)
+            if not waits[u] and u not in placed:
+                heapq.heappush(ready, (index[u], u))
+    out = next(n for n in nodes if n.op == "output")
+    for n in order:
+        if n is not out:
+            out.prepend(n)

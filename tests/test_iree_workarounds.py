@@ -551,9 +551,9 @@ def _late_pieces_args():
                    "update above a matmul that still reads the tensor it updates")
 def test_a_cat_of_pieces_computed_out_of_order_in_graph_order(tmp_path, monkeypatch):
     """The raw repro: the graph as boo's rewrites leave it (row-wise slice_scatters as cats,
-    one-row matmuls with a row of zeros), in the order it was traced, where boo computes each piece's
-    work after the pieces before it (lower.pieces_in_order). The second piece came out 2.1
-    off."""
+    one-row matmuls with a row of zeros), in the order it was traced, where boo computes each
+    piece's work after the pieces before it (miscompiles.pieces_in_order, which lower calls).
+    The second piece came out 2.1 off."""
     from boo_backend import lower
 
     monkeypatch.setattr(lower, "pieces_in_order", lambda graph: None)
