@@ -21,7 +21,7 @@ import sympy
 import torch
 import torch.fx as fx
 
-from . import blocks, saved, symbolic
+from . import blocks, pool, saved, symbolic
 from .assemble import Assembly, NotDynamic
 from .cache import CompileCache, timed
 from .compile import BooCompileTimeout, Target, compile_mlir, compile_flags, target_for
@@ -304,7 +304,7 @@ class CompiledGraph(Assembly):
 
     def _build(self, args: list, index: int, dynamic: bool = False):
         with timed("build"):
-            return donate(self._build_timed(args, index, dynamic))
+            return pool.products(donate(self._build_timed(args, index, dynamic)))
 
     def _build_timed(self, args: list, index: int, dynamic: bool):
         name = self.name if index == 0 else f"{self.name}_s{index}"

@@ -301,3 +301,87 @@ def test_choosing_a_driver_leaves_no_storage_that_the_steps_do_not_need(fresh_po
             run(x).square().mean().backward()
         held.append(fresh_pool.held)
     assert held[0] == held[1] > 0
+
+
+@pytest.fixture
+def pooled_products(fresh_pool, monkeypatch):
+    """ATen products of 256 KiB or more written into the pool, as those of 32 MiB are."""
+    monkeypatch.setattr(pool, "PRODUCT_MIN_BYTES", 256 << 10)
+    return fresh_pool
+
+
+def test_aten_products_in_pooled_storage_match_float64(pooled_products):
+    g = torch.Generator().manual_seed(4)
+    a, b = torch.randn(301, 517, generator=g), torch.randn(517, 389, generator=g)
+    c = torch.randn(389, generator=g)
+    x, y = torch.randn(3, 301, 517, generator=g), torch.randn(3, 517, 389, generator=g)
+    for _ in range(2):  # the second round writes into the storage the first let go
+        got = {"mm": pool.mm(a, b), "addmm": pool.addmm(c, a, b, beta=0.5, alpha=2.0), "bmm": pool.bmm(x, y)}
+        want = {"mm": a.double() @ b.double(), "addmm": 0.5 * c.double() + 2.0 * (a.double() @ b.double()),
+                "bmm": x.double() @ y.double()}
+        for name, t in got.items():
+            assert t.is_contiguous() and t.dtype == torch.float32, name
+            torch.testing.assert_close(t.double(), want[name], rtol=1e-5, atol=1e-4, msg=lambda m: f"{name}: {m}")
+        del got, t
+    assert pooled_products.reused == 3
+    small = pool.mm(a[:10], b)  # under the size: torch's own memory, no storage taken
+    assert pooled_products.held == 301 * 389 * 4 * 2 + 3 * 301 * 389 * 4 and small.shape == (10, 389)
+    a.requires_grad_(True)  # autograd records the call: no out= (which it refuses)
+    assert pool.mm(a, b).grad_fn is not None
+
+
+class Head(nn.Module):
+    """A language-model head whose logits and weight gradient ATen computes: the two largest
+    results of bench/scale.py's models (62.5 MiB and more there)."""
+
+    def __init__(self, width=389, vocab=1031):
+        super().__init__()
+        self.norm = nn.LayerNorm(width)
+        self.head = nn.Linear(width, vocab, bias=False)
+
+    def forward(self, x, labels):
+        logits = self.head(self.norm(x))
+        return logits, F.cross_entropy(logits, labels)
+
+
+def test_training_with_pooled_products_matches_eager_and_kept_logits_keep_their_values(pooled_products):
+    torch.manual_seed(0)
+    model = Head()
+    ref = copy.deepcopy(model)
+    run = torch.compile(model, backend="boo", options={"aten_matmul": "always"})
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-2)
+    g = torch.Generator().manual_seed(5)
+    kept = []
+    for step in range(5):
+        x, labels = torch.randn(267, 389, generator=g), torch.randint(0, 1031, (267,), generator=g)
+        logits, loss = run(x, labels)
+        ref_logits, ref_loss = ref(x, labels)
+        loss.backward(), ref_loss.backward()
+        torch.testing.assert_close(loss, ref_loss, rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(logits, ref_logits, rtol=1e-3, atol=1e-3)  # f32 sums of 389 terms
+        grad = model.head.weight.grad
+        torch.testing.assert_close(grad, ref.head.weight.grad, rtol=1e-3, atol=1e-5, msg=lambda m: f"step {step}: {m}")
+        pooled = {s.data_ptr() for same in pooled_products._by_size.values() for s in same}
+        assert logits.untyped_storage().data_ptr() in pooled and grad.untyped_storage().data_ptr() in pooled
+        if step % 2 == 0:  # kept past the next steps' products, which must not write there
+            kept.append((logits, logits.clone()))
+        opt.step(), ref_opt.step()
+        opt.zero_grad(), ref_opt.zero_grad()
+        del logits
+    for logits, then in kept:
+        assert torch.equal(logits, then)
+    assert pooled_products.reused > 0
+
+
+def test_gradients_accumulated_into_pooled_products_are_never_overwritten(pooled_products):
+    torch.manual_seed(0)
+    model = Head()
+    ref = copy.deepcopy(model)
+    run = torch.compile(model, backend="boo", options={"aten_matmul": "always"})
+    g = torch.Generator().manual_seed(6)
+    for _ in range(3):
+        x, labels = torch.randn(267, 389, generator=g), torch.randint(0, 1031, (267,), generator=g)
+        run(x, labels)[1].backward()
+        ref(x, labels)[1].backward()
+    torch.testing.assert_close(model.head.weight.grad, ref.head.weight.grad, rtol=1e-3, atol=1e-5)
