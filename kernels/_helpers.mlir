@@ -164,10 +164,11 @@ attributes {boo.composite = "{{ composite }}", boo.version = {{ version }} : i64
     slower than eager's kernel on AVX-512); over the row viewed as [N / L, L] with the L
     lanes a parallel dim, each step is one vector add, and the L partial sums are added
     once at the end (bench/RESULTS.md: layer norm, RMS norm and softmax forward gain; the
-    softmax backward lost, and keeps its row form). `lanes(N)` is the L a kernel uses: on the CPU 16, or 8 where N is not a
-    multiple of 16 (GPU reductions stay across the row). -#}
+    softmax backward lost, and keeps its row form). `lanes(N)` is the L a kernel uses: on the CPU 8 where N is a multiple
+    of 8 but not of 16, else 16; row_sums reduces the last N % L of a row (a vocabulary of
+    50257) after the lanes (GPU reductions stay across the row). -#}
 {% macro lanes(N) -%}
-{{ 1 if target != "llvm-cpu" or N is none or N <= 16 else 16 if N % 16 == 0 else 8 if N % 8 == 0 else 1 }}
+{{ 1 if target != "llvm-cpu" or N is none or N <= 16 else 8 if N % 16 and N % 8 == 0 else 16 }}
 {%- endmacro %}
 
 {#- %name: `value` (a [M, N] tensor of `dtype`) viewed as [M, N / L, L]. -#}
@@ -201,8 +202,17 @@ attributes {boo.composite = "{{ composite }}", boo.version = {{ version }} : i64
 {% macro row_sums(name, full, dtypes, rows, k, M, N, L, m="", combine="arith.addf", init="0.0") -%}
 %{{ name }}_zero = arith.constant {{ init }} : f32
 {% if L > 1 %}
+{% set tail = N % L %}
+{% set N = N - tail %}
+{% set rows_size = m if M is none else M %}
 {% for v in full %}
+{% if tail %}
+  %{{ name }}_h{{ loop.index0 }} = tensor.extract_slice {{ v }}[0, 0] [{{ rows_size }}, {{ N }}] [1, 1] : {{ tensor([M, N + tail], dtypes[loop.index0]) }} to {{ tensor([M, N], dtypes[loop.index0]) }}
+  %{{ name }}_t{{ loop.index0 }} = tensor.extract_slice {{ v }}[0, {{ N }}] [{{ rows_size }}, {{ tail }}] [1, 1] : {{ tensor([M, N + tail], dtypes[loop.index0]) }} to {{ tensor([M, tail], dtypes[loop.index0]) }}
+  {{ lane_view(name ~ "_v" ~ loop.index0, "%" ~ name ~ "_h" ~ loop.index0, M, N, L, dtypes[loop.index0], m) }}
+{% else %}
   {{ lane_view(name ~ "_v" ~ loop.index0, v, M, N, L, dtypes[loop.index0], m) }}
+{% endif %}
 {% endfor %}
   %{{ name }}_le = {{ empty([M, L], "f32", [m]) }}
   %{{ name }}_lz = linalg.fill ins(%{{ name }}_zero : f32) outs(%{{ name }}_le : {{ tensor([M, L], "f32") }}) -> {{ tensor([M, L], "f32") }}
@@ -217,7 +227,19 @@ attributes {boo.composite = "{{ composite }}", boo.version = {{ version }} : i64
   } -> ({% for i in range(k) %}{{ tensor([M, L], "f32") }}{{ ", " if not loop.last }}{% endfor %})
 {% set parts = [] %}
 {% for i in range(k) %}{% set _ = parts.append("%" ~ name ~ "_l#" ~ i) %}{% endfor %}
-  {{ lane_sums(name, parts, M, L, m, combine, init) }}
+  {{ lane_sums(name ~ "_main" if tail else name, parts, M, L, m, combine, init) }}
+{% if tail %}
+  {#- The row's last N % L values, reduced onto the lanes' sums. -#}
+  %{{ name }}:{{ k }} = linalg.generic {indexing_maps = [{% for v in full %}{{ map(2) }}, {% endfor %}{% for v in rows %}{{ map(2, [0]) }}, {% endfor %}{% for i in range(k) %}{{ map(2, [0]) }}{{ ", " if not loop.last }}{% endfor %}],
+                               iterator_types = ["parallel", "reduction"]}
+{% set values, types = [], [] %}
+{% for v in full %}{% set _ = values.append("%" ~ name ~ "_t" ~ loop.index0) %}{% set _ = types.append(tensor([M, tail], dtypes[loop.index0])) %}{% endfor %}
+{% for v in rows %}{% set _ = values.append(v) %}{% set _ = types.append(tensor([M], "f32")) %}{% endfor %}
+      ins({{ values|join(", ") }} : {{ types|join(", ") }})
+      outs({% for i in range(k) %}%{{ name }}_main#{{ i }}{{ ", " if not loop.last }}{% endfor %} : {% for i in range(k) %}{{ tensor([M], "f32") }}{{ ", " if not loop.last }}{% endfor %}) {
+{{ caller() }}
+  } -> ({% for i in range(k) %}{{ tensor([M], "f32") }}{{ ", " if not loop.last }}{% endfor %})
+{% endif %}
 {% else %}
   %{{ name }}_re = {{ empty([M], "f32", [m]) }}
   %{{ name }}_rz = linalg.fill ins(%{{ name }}_zero : f32) outs(%{{ name }}_re : {{ tensor([M], "f32") }}) -> {{ tensor([M], "f32") }}

@@ -209,8 +209,9 @@ class Row:
     strided: tuple = (7, 5)  # the shape of the non-contiguous test
 
 
-# Widths that reduce in 16 lanes on the CPU (768), in 8 (1000) and across the row (4097).
-_WIDTHS = [(4, 1), (3, 3), (5, 768), (2, 1000), (3, 4097), (0, 8)]
+# Widths that reduce in 16 lanes on the CPU (768), in 8 (1000), and in 16 lanes and then
+# the row's last values (4097: one value; 1001: nine).
+_WIDTHS = [(4, 1), (3, 3), (5, 768), (2, 1000), (3, 4097), (2, 1001), (0, 8)]
 # [N, C, *spatial]: HxW of 1, 3 and 4097 (17 x 241) elements per channel, 4-D. Not an empty
 # batch in training: eager raises (forward) or divides by zero (backward) there.
 _BN_SHAPES = [(4, 8), (3, 5), (2, 6, 5, 7), (17, 3, 241), (3, 12, 1, 1)]
