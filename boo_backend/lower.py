@@ -1,6 +1,6 @@
 """FX -> torch-mlir: cut a graph down to what IREE computes, then import it as torch dialect.
 
-Imports checks, symbolic, torch_import (the import itself) and config from boo_backend.
+Imports checks, symbolic, torch_import (the import itself), config and miscompiles (pieces_in_order) from boo_backend.
 
 An AOTAutograd graph returns more than computed tensors: its own inputs (aliases), `None`
 gradients, plain numbers, constants. IREE only sees the *core*: tensor inputs that some
@@ -21,8 +21,8 @@ import torch.fx as fx
 from torch.fx.passes.shape_prop import _extract_tensor_metadata
 
 from . import checks, symbolic, torch_import
-from .miscompiles import pieces_in_order
 from .config import BooError
+from .miscompiles import pieces_in_order
 
 log = logging.getLogger("boo_backend")
 

@@ -201,6 +201,7 @@ attributes {boo.composite = "{{ composite }}", boo.version = {{ version }} : i64
     the body combines with arith.maximumf too). -#}
 {% macro row_sums(name, full, dtypes, rows, k, M, N, L, m="", combine="arith.addf", init="0.0") -%}
 %{{ name }}_zero = arith.constant {{ init }} : f32
+{% set body = caller %}{#- inside a call block, `caller` is that block's own -#}
 {% if L > 1 %}
 {% set tail = N % L %}
 {% set N = N - tail %}
@@ -230,27 +231,33 @@ attributes {boo.composite = "{{ composite }}", boo.version = {{ version }} : i64
   {{ lane_sums(name ~ "_main" if tail else name, parts, M, L, m, combine, init) }}
 {% if tail %}
   {#- The row's last N % L values, reduced onto the lanes' sums. -#}
-  %{{ name }}:{{ k }} = linalg.generic {indexing_maps = [{% for v in full %}{{ map(2) }}, {% endfor %}{% for v in rows %}{{ map(2, [0]) }}, {% endfor %}{% for i in range(k) %}{{ map(2, [0]) }}{{ ", " if not loop.last }}{% endfor %}],
-                               iterator_types = ["parallel", "reduction"]}
-{% set values, types = [], [] %}
-{% for v in full %}{% set _ = values.append("%" ~ name ~ "_t" ~ loop.index0) %}{% set _ = types.append(tensor([M, tail], dtypes[loop.index0])) %}{% endfor %}
-{% for v in rows %}{% set _ = values.append(v) %}{% set _ = types.append(tensor([M], "f32")) %}{% endfor %}
-      ins({{ values|join(", ") }} : {{ types|join(", ") }})
-      outs({% for i in range(k) %}%{{ name }}_main#{{ i }}{{ ", " if not loop.last }}{% endfor %} : {% for i in range(k) %}{{ tensor([M], "f32") }}{{ ", " if not loop.last }}{% endfor %}) {
-{{ caller() }}
-  } -> ({% for i in range(k) %}{{ tensor([M], "f32") }}{{ ", " if not loop.last }}{% endfor %})
+{% set tails, starts = [], [] %}
+{% for v in full %}{% set _ = tails.append("%" ~ name ~ "_t" ~ loop.index0) %}{% endfor %}
+{% for i in range(k) %}{% set _ = starts.append("%" ~ name ~ "_main#" ~ i) %}{% endfor %}
+  {% call row_generic(name, tails, dtypes, rows, starts, M, tail) %}
+{{ body() }}
+  {% endcall %}
 {% endif %}
 {% else %}
   %{{ name }}_re = {{ empty([M], "f32", [m]) }}
   %{{ name }}_rz = linalg.fill ins(%{{ name }}_zero : f32) outs(%{{ name }}_re : {{ tensor([M], "f32") }}) -> {{ tensor([M], "f32") }}
-  %{{ name }}:{{ k }} = linalg.generic {indexing_maps = [{% for v in full %}{{ map(2) }}, {% endfor %}{% for v in rows %}{{ map(2, [0]) }}, {% endfor %}{% for i in range(k) %}{{ map(2, [0]) }}{{ ", " if not loop.last }}{% endfor %}],
+  {% call row_generic(name, full, dtypes, rows, ["%" ~ name ~ "_rz"] * k, M, N) %}
+{{ body() }}
+  {% endcall %}
+{% endif %}
+{%- endmacro %}
+
+{#- %name:k, the reduction over each row of [M, N] tensors `full` (`dtypes`, theirs) onto
+    `starts` (k [M] f32 values), `rows` ([M] f32 values) read once per row; the caller
+    gives the body, as row_sums's. -#}
+{% macro row_generic(name, full, dtypes, rows, starts, M, N) -%}
+%{{ name }}:{{ starts|length }} = linalg.generic {indexing_maps = [{% for v in full %}{{ map(2) }}, {% endfor %}{% for v in rows %}{{ map(2, [0]) }}, {% endfor %}{% for s in starts %}{{ map(2, [0]) }}{{ ", " if not loop.last }}{% endfor %}],
                                iterator_types = ["parallel", "reduction"]}
 {% set types = [] %}
 {% for v in full %}{% set _ = types.append(tensor([M, N], dtypes[loop.index0])) %}{% endfor %}
 {% for v in rows %}{% set _ = types.append(tensor([M], "f32")) %}{% endfor %}
       ins({{ (full + rows)|join(", ") }} : {{ types|join(", ") }})
-      outs({% for i in range(k) %}%{{ name }}_rz{{ ", " if not loop.last }}{% endfor %} : {% for i in range(k) %}{{ tensor([M], "f32") }}{{ ", " if not loop.last }}{% endfor %}) {
+      outs({{ starts|join(", ") }} : {% for s in starts %}{{ tensor([M], "f32") }}{{ ", " if not loop.last }}{% endfor %}) {
 {{ caller() }}
-  } -> ({% for i in range(k) %}{{ tensor([M], "f32") }}{{ ", " if not loop.last }}{% endfor %})
-{% endif %}
+  } -> ({% for s in starts %}{{ tensor([M], "f32") }}{{ ", " if not loop.last }}{% endfor %})
 {%- endmacro %}
