@@ -1,6 +1,6 @@
 """IREE compilation: target flags, the compiler call, and its errors.
 
-Imports only config and cache from boo_backend.
+Imports only config, cache and placing from boo_backend.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import signal
 import subprocess
 import time
 
+from . import placing
 from .cache import CompileCache, timed
 from .config import BooError
 
@@ -262,17 +263,30 @@ class BooCompileTimeout(BooError):
 
 
 def _run_compiler(mlir: str, flags: list[str], cache: CompileCache, timeout: float) -> bytes:
-    """One iree-compile process. Past `timeout` seconds (0: no limit) its whole process group
-    is killed, so a compiler that loops never hangs the caller."""
-    cmd = [find_tool("iree-compile"), "-", *flags, "--mlir-print-op-on-diagnostic=false", "-o", "-"]
+    """iree-compile on `mlir`. Past `timeout` seconds (0: no limit) its whole process group
+    is killed, so a compiler that loops never hangs the caller. A module that reads a result
+    it places (placing.READS_PLACED) compiles in two runs, with placing.alias_early between
+    them; the limit applies to each."""
     cache.stats["iree_compiles"] += 1
+    with timed("iree_compile"):
+        if placing.READS_PLACED not in mlir:
+            return _run_process(mlir, flags, timeout)
+        text = _run_process(mlir, [*flags, "--compile-to=input"], timeout).decode()
+        text, moved = placing.alias_early(text)
+        log.debug("boo: %d placed result(s) aliased where they are made", moved)
+        return _run_process(text, [*flags, "--compile-from=input"], timeout, source=mlir)
+
+
+def _run_process(mlir: str, flags: list[str], timeout: float, source: str | None = None) -> bytes:
+    """One iree-compile process; `source` is the torch module to report when it fails (by
+    default `mlir`)."""
+    cmd = [find_tool("iree-compile"), "-", *flags, "--mlir-print-op-on-diagnostic=false", "-o", "-"]
     proc = subprocess.Popen(
         cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         start_new_session=True,
     )
     try:
-        with timed("iree_compile"):
-            out, err = proc.communicate(mlir.encode(), timeout=timeout or None)
+        out, err = proc.communicate(mlir.encode(), timeout=timeout or None)
     except subprocess.TimeoutExpired:
         _kill_group(proc)
         raise BooCompileTimeout(timeout) from None
@@ -280,7 +294,7 @@ def _run_compiler(mlir: str, flags: list[str], cache: CompileCache, timeout: flo
         _kill_group(proc)
         raise
     if proc.returncode != 0 or not out:
-        raise BooCompileError(mlir, flags, err.decode(errors="replace"))
+        raise BooCompileError(source or mlir, flags, err.decode(errors="replace"))
     return out
 
 

@@ -3,7 +3,8 @@ argument per result whose shape is known before the call (and that is not tiny:
 PLACED_MIN_BYTES), and IREE writes the result there, so nothing is copied out of IREE's pool
 (memory.POOLED).
 
-Imports lower (Lowered) and memory (the element sizes the runtime can import) from boo_backend.
+Imports lower (Lowered), memory (the element sizes the runtime can import) and placing (the
+mark for a module that reads what it places) from boo_backend.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import math
 
 import torch
 
-from . import memory
+from . import memory, placing
 from .lower import Lowered
 
 
@@ -74,6 +75,8 @@ def with_storage(lowered: Lowered) -> Lowered:
                 tm_ir.Operation.create("torch.overwrite.tensor.contents", operands=[values[j], arg])
             tm_ir.Operation.create("func.return", operands=kept)
         ret.erase()
+        if any(use.owner.name != "torch.overwrite.tensor.contents" for j in placed for use in values[j].uses):
+            main.attributes[placing.READS_PLACED] = tm_ir.UnitAttr.get()
         main.attributes["function_type"] = tm_ir.TypeAttr.get(tm_ir.FunctionType.get(
             [a.type for a in block.arguments], [v.type for v in kept]))
     return dataclasses.replace(lowered, mlir=str(module), placed=placed)
