@@ -21,12 +21,15 @@ from util import assert_close
 COPIES = b"hal.command_buffer.copy_buffer"
 
 # Each returns a placed result that it also reads: the log-softmax a loss saves and gathers
-# from; a softmax and its row sums; a result and its exp.
+# from; a softmax and its row sums; a result and its exp; a result and a copy scattered into.
 PROGRAMS = {
     "gathered": lambda x, i: (lambda y: (y, y.gather(1, i)))(torch.log_softmax(x, 1)),
     "summed": lambda x, i: (lambda y: (y, y.sum(1, keepdim=True) + i))(torch.softmax(x, 1)),
     "exp of it": lambda x, i: (lambda y: (y, y.exp() * i))(torch.tanh(x) + 1),
+    # a scatter that IREE runs in place on a copy of y (the one copy it needs), never on y
+    "scattered into": lambda x, i: (lambda y: (y, y.scatter(1, i, -1.0) + 2))(torch.exp(x)),
 }
+NEEDS_A_COPY = {"scattered into"}
 
 
 @pytest.mark.parametrize("name", PROGRAMS)
@@ -38,7 +41,7 @@ def test_a_placed_result_read_in_its_module_is_written_where_it_is_made(name, tm
     assert 0 in lowered.placed and placing.READS_PLACED in lowered.mlir
     target = parse_target("llvm-cpu")
     vmfb = compile_mlir(lowered.mlir, target, CompileCache(tmp_path, enabled=False))
-    assert COPIES not in vmfb
+    assert (COPIES in vmfb) == (name in NEEDS_A_COPY)
     for driver in ("local-task", "local-sync"):
         ours = IreeFunction(vmfb, target, graph=name, driver=driver, placed=placed_results(lowered))([x, i], 2)
         ref = fn(x.double(), i)
@@ -95,3 +98,19 @@ def test_training_a_head_whose_results_are_placed_and_read_matches_float64(fn, d
     assert any(placing.READS_PLACED in m.read_text() for m in modules), "no module reads what it places"
     for m in modules:
         assert COPIES not in m.with_suffix(".vmfb").read_bytes(), f"{m.parent.name} copies a buffer"
+
+
+def test_a_module_the_rewrite_cannot_read_compiles_as_imported(tmp_path, monkeypatch):
+    """placing.alias_early failing costs the copy, not the module."""
+    def fails(text):
+        raise ValueError("unreadable")
+
+    fn = PROGRAMS["gathered"]
+    x, i = torch.randn(67, 1001), torch.randint(0, 1001, (67, 1))
+    lowered = with_storage(lower(make_fx(fn, tracing_mode="fake")(x, i)))
+    monkeypatch.setattr(placing, "alias_early", fails)
+    target = parse_target("llvm-cpu")
+    vmfb = compile_mlir(lowered.mlir, target, CompileCache(tmp_path, enabled=False))
+    assert COPIES in vmfb
+    ours = IreeFunction(vmfb, target, graph="gathered", driver="local-sync", placed=placed_results(lowered))([x, i], 2)
+    assert_close(list(ours), list(fn(x, i)), "gathered, as imported")
