@@ -4,11 +4,12 @@ storage.with_storage writes a result into caller storage with torch's
 `overwrite.tensor.contents`. IREE's torch input conversion turns that into a
 `hal.tensor.alias` at the end of `main`, after every other use of the value. A value that
 something else in the module reads (a log-softmax saved for the backward and gathered for
-the loss; the zeros an embedding backward scatters into) then lives in a transient buffer
-and is copied into the caller's storage at the end: a pass over fresh memory, 154 MB for
-GPT-2 small's embedding gradient. With the alias moved to just after the value is made,
-and the value's readers reading the alias's result, IREE writes it where it belongs and
-copies nothing.
+the loss, a layer's output that its next op reads) then lives in a transient buffer and is
+copied into the caller's storage at the end: GPT-2 small's loss module took 42.7 ms with
+that copy and 16.3 ms without it (bench/RESULTS.md, thirty-fifth session). With the alias
+moved to just after the value is made, and the value's readers reading the alias's result,
+IREE writes it where it belongs and copies nothing. A scatter into zeros (an embedding's
+gradient) still copies: IREE fills a transient buffer for it whatever the alias says.
 
 Such modules compile in two iree-compile runs: up to IREE's input phase, then, after
 `alias_early`, from there on. with_storage marks them with READS_PLACED.
