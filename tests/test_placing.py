@@ -30,6 +30,16 @@ PROGRAMS = {
     "scattered into": lambda x, i: (lambda y: (y, y.scatter(1, i, -1.0) + 2))(torch.exp(x)),
 }
 NEEDS_A_COPY = {"scattered into"}
+CPU = parse_target("llvm-cpu")
+
+
+def _placed(fn, *args):
+    """fn traced at `args`, lowered, its results placed, as boo builds CPU modules."""
+    return with_storage(lower(make_fx(fn, tracing_mode="fake")(*args)))
+
+
+def _vmfb(lowered, tmp_path) -> bytes:
+    return compile_mlir(lowered.mlir, CPU, CompileCache(tmp_path, enabled=False))
 
 
 @pytest.mark.parametrize("name", PROGRAMS)
@@ -37,24 +47,22 @@ def test_a_placed_result_read_in_its_module_is_written_where_it_is_made(name, tm
     fn = PROGRAMS[name]
     x = torch.randn(67, 1001, generator=torch.Generator().manual_seed(0))  # 268 KB: placed
     i = torch.randint(0, 1001, (67, 1), generator=torch.Generator().manual_seed(1))
-    lowered = with_storage(lower(make_fx(fn, tracing_mode="fake")(x, i)))
+    lowered = _placed(fn, x, i)
     assert 0 in lowered.placed and placing.READS_PLACED in lowered.mlir
-    target = parse_target("llvm-cpu")
-    vmfb = compile_mlir(lowered.mlir, target, CompileCache(tmp_path, enabled=False))
+    vmfb = _vmfb(lowered, tmp_path)
     assert (COPIES in vmfb) == (name in NEEDS_A_COPY)
     for driver in ("local-task", "local-sync"):
-        ours = IreeFunction(vmfb, target, graph=name, driver=driver, placed=placed_results(lowered))([x, i], 2)
+        ours = IreeFunction(vmfb, CPU, graph=name, driver=driver, placed=placed_results(lowered))([x, i], 2)
         ref = fn(x.double(), i)
         assert_close([o.double() for o in ours], list(ref), f"{name} on {driver}", rtol=1e-5, atol=1e-6)
 
 
 def test_a_placed_result_nothing_else_reads_compiles_in_one_run(tmp_path, monkeypatch):
     x = torch.randn(67, 1001)
-    lowered = with_storage(lower(make_fx(lambda a: torch.log_softmax(a, 1), tracing_mode="fake")(x)))
+    lowered = _placed(lambda a: torch.log_softmax(a, 1), x)
     assert lowered.placed == (0,) and placing.READS_PLACED not in lowered.mlir
     monkeypatch.setattr(placing, "alias_early", lambda text: pytest.fail("two runs for a module that needs one"))
-    vmfb = compile_mlir(lowered.mlir, parse_target("llvm-cpu"), CompileCache(tmp_path, enabled=False))
-    assert COPIES not in vmfb
+    assert COPIES not in _vmfb(lowered, tmp_path)
 
 
 def _reference(fn, args):
@@ -109,10 +117,9 @@ def test_a_module_the_rewrite_cannot_read_compiles_as_imported(tmp_path, monkeyp
 
     fn = PROGRAMS["gathered"]
     x, i = torch.randn(67, 1001), torch.randint(0, 1001, (67, 1))
-    lowered = with_storage(lower(make_fx(fn, tracing_mode="fake")(x, i)))
+    lowered = _placed(fn, x, i)
     monkeypatch.setattr(placing, "alias_early", fails)
-    target = parse_target("llvm-cpu")
-    vmfb = compile_mlir(lowered.mlir, target, CompileCache(tmp_path, enabled=False))
+    vmfb = _vmfb(lowered, tmp_path)
     assert COPIES in vmfb
-    ours = IreeFunction(vmfb, target, graph="gathered", driver="local-sync", placed=placed_results(lowered))([x, i], 2)
+    ours = IreeFunction(vmfb, CPU, graph="gathered", driver="local-sync", placed=placed_results(lowered))([x, i], 2)
     assert_close(list(ours), list(fn(x, i)), "gathered, as imported")
