@@ -18,7 +18,7 @@ from torch._functorch.aot_autograd import make_boxed_func
 from torch._functorch import config as functorch_config
 from torch._functorch.partitioners import default_partition, min_cut_rematerialization_partition
 
-from . import aot_cache, composites, hops, match, patterns, precompile, refusals, regions
+from . import aot_cache, composites, hops, joint, match, patterns, precompile, refusals, regions
 from .compile import Target, target_for
 from .config import BooError, BooFallbackWarning, BooStrictError, Options
 from .graph import CompiledGraph
@@ -130,7 +130,7 @@ def _aot(opts: Options, compiler):
         bw_compiler=compiler("backward"),
         inference_compiler=compiler("inference"),
         decompositions=match.decompositions(opts),
-        partition_fn=(
-            min_cut_rematerialization_partition if opts.partitioner == "mincut" else default_partition
+        partition_fn=joint.partition(
+            min_cut_rematerialization_partition if opts.partitioner == "mincut" else default_partition, opts
         ),
     )

@@ -10,21 +10,6 @@
 {% set SIZES, ROW_SHAPE, ROW_SIZES = L.SIZES, L.ROW_SHAPE, L.ROW_SIZES %}
 {#- A row over the last dim (K == 1, N static) reduces in lanes on the CPU (h.lanes). -#}
 {% set lanes = h.lanes(N)|int if K == 1 else 1 %}
-{#- The bodies of the two reductions: the row maximum, and the sum of exponentials past it. -#}
-{% macro max_body() -%}
-  ^bb0(%xin: {{ dtype }}, %m: f32):
-    {{ h.to_f32("xf", "xin", dtype) }}
-    %m1 = arith.maximumf %m, {{ h.f32ref("xf", "xin", dtype) }} : f32
-    linalg.yield %m1 : f32
-{%- endmacro %}
-{% macro sum_body() -%}
-  ^bb0(%xin: {{ dtype }}, %m: f32, %s: f32):
-    {{ h.to_f32("xf", "xin", dtype) }}
-    %d = arith.subf {{ h.f32ref("xf", "xin", dtype) }}, %m : f32
-    %e = math.exp %d : f32
-    %s1 = arith.addf %s, %e : f32
-    linalg.yield %s1 : f32
-{%- endmacro %}
 func.func private @{{ func_name }}(%x: {{ X }}) -> {{ Y }} {{ h.identity({"dim_size": N, "log": log, "out_dtype": out_dtype}) }} {
 {{ L.sizes("%x") }}
 {% if 0 in [M, N, K] %}
@@ -61,10 +46,10 @@ func.func private @{{ func_name }}(%x: {{ X }}) -> {{ Y }} {{ h.identity({"dim_s
   {% call h.dispatch_region("sm", ["%out"], [Y], L.DIMS) %}
 {% if lanes > 1 %}
   {% call h.row_sums("maxs", ["%x"], [dtype], [], 1, M, N, lanes, "%dim_m", "arith.maximumf", "0xFF800000") %}
-{{ max_body() }}
+{{ L.max_body() }}
   {% endcall %}
   {% call h.row_sums("sums", ["%x"], [dtype], ["%maxs#0"], 1, M, N, lanes, "%dim_m") %}
-{{ sum_body() }}
+{{ L.sum_body() }}
   {% endcall %}
 {% set max, sum = "%maxs#0", "%sums#0" %}
 {% else %}
@@ -75,11 +60,11 @@ func.func private @{{ func_name }}(%x: {{ X }}) -> {{ Y }} {{ h.identity({"dim_s
   %row_low = linalg.fill ins(%neg_inf : f32) outs(%row_empty : {{ ROW }}) -> {{ ROW }}
   %max = linalg.generic {indexing_maps = [{{ XMAP }}, {{ RMAP }}], iterator_types = {{ RED }}}
       ins(%x : {{ X }}) outs(%row_low : {{ ROW }}) {
-{{ max_body() }}
+{{ L.max_body() }}
   } -> {{ ROW }}
   %sum = linalg.generic {indexing_maps = [{{ XMAP }}, {{ RMAP }}, {{ RMAP }}], iterator_types = {{ RED }}}
       ins(%x, %max : {{ X }}, {{ ROW }}) outs(%row_zero : {{ ROW }}) {
-{{ sum_body() }}
+{{ L.sum_body() }}
   } -> {{ ROW }}
 {% set max, sum = "%max", "%sum" %}
 {% endif %}

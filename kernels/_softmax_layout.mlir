@@ -28,3 +28,19 @@
 {% endif %}
 {% endfor %}
 {%- endmacro %}
+
+{#- The bodies of the two reductions: the row maximum, and the sum of exponentials past it. -#}
+{% macro max_body() -%}
+  ^bb0(%xin: {{ dtype }}, %m: f32):
+    {{ h.to_f32("xf", "xin", dtype) }}
+    %m1 = arith.maximumf %m, {{ h.f32ref("xf", "xin", dtype) }} : f32
+    linalg.yield %m1 : f32
+{%- endmacro %}
+{% macro sum_body() -%}
+  ^bb0(%xin: {{ dtype }}, %m: f32, %s: f32):
+    {{ h.to_f32("xf", "xin", dtype) }}
+    %d = arith.subf {{ h.f32ref("xf", "xin", dtype) }}, %m : f32
+    %e = math.exp %d : f32
+    %s1 = arith.addf %s, %e : f32
+    linalg.yield %s1 : f32
+{%- endmacro %}

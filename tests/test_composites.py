@@ -85,6 +85,11 @@ def _half_only(dtype, variant):
     return variant[1] is False or dtype is torch.float16
 
 
+def _logsumexp(shape, dtype, contiguous, variant):
+    dim, keepdim = variant
+    return (rand(shape, dtype, contiguous, scale=3.0), [dim], keepdim), {}
+
+
 def _rms_affine(shape, dtype, variant):
     weighted, rounded = variant
     n = shape[-1]
@@ -253,6 +258,8 @@ ROWS = {
                                      lambda args: (*args[:3], torch.float64))
         for name in _SOFTMAX
     },
+    # variants: (dim, keepdim)
+    "logsumexp": Row(_logsumexp, [(-1, True), (0, False), (1, True), (-1, False)], [(3, 7), (2, 3, 16)] + _WIDTHS),
     # Variants lead with a name (_cases reads a leading int as layer norm's k).
     "native_group_norm": Row(
         _group_norm,
@@ -450,7 +457,7 @@ def test_dumped_module_names_its_composite(name, monkeypatch, tmp_path):
     assert f"func.func private @boo.{name}.v{entry.version}." in mlir
     assert f'boo.composite = "{name}"' in mlir and f"boo.version = {entry.version} : i64" in mlir
     expected = {"gelu": "approximate", "native_layer_norm": "eps", "native_layer_norm_backward": "output_mask",
-                **{name: "dim_size" for name in ROWS if "softmax" in name},
+                **{name: "dim_size" for name in ROWS if "softmax" in name or name == "logsumexp"},
                 "rms_norm": "eps", "rms_norm_backward": "norm_dtype",
                 "native_group_norm": "groups", "native_group_norm_backward": "output_mask",
                 "_native_batch_norm_legit_functional": "momentum",

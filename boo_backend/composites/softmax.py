@@ -108,3 +108,50 @@ register(_forward_entry(aten._softmax.default, log=False))
 register(_forward_entry(aten._log_softmax.default, log=True))
 register(_backward_entry(aten._softmax_backward_data.default, aten._softmax.default, log=False))
 register(_backward_entry(aten._log_softmax_backward_data.default, aten._log_softmax.default, log=True))
+
+
+# -- logsumexp(self, dim, keepdim) over one dim -------------------------------------------
+# The kernel takes x[M, N] over N with keepdim; `canonical` moves the reduced dim last and
+# flattens the rest. Static sizes only, none of them 0.
+
+
+def _lse_dim(x, dims) -> int | None:
+    return dims[0] % max(x.dim(), 1) if isinstance(dims, (list, tuple)) and len(dims) == 1 else None
+
+
+def _lse_accepts(args, kwargs, outs):
+    x, dims = args[0], args[1]
+    keepdim = args[2] if len(args) > 2 else kwargs.get("keepdim", False)
+    if _lse_dim(x, dims) is None:
+        return "not over exactly one dim"
+    if not all(isinstance(n, int) for n in x.shape) or 0 in x.shape:
+        return "symbolic or zero sizes"
+    if not (x.dim() == 2 and _lse_dim(x, dims) == 1 and keepdim):
+        return "not in the kernel's form ([M, N] over dim 1, keepdim)"
+    return common_decline([x], outs)
+
+
+def _lse_params(args, kwargs, outs):
+    x = args[0]
+    return {"M": size(x.shape[0]), "N": size(x.shape[1]), "K": 1,
+            "dtype": ELEMENT_TYPES[x.dtype], "out_dtype": ELEMENT_TYPES[outs[0].dtype]}
+
+
+def _lse_canonical(x, dims, keepdim=False):
+    dim = _lse_dim(x, dims)
+    if dim is None or (x.dim() == 2 and dim == 1 and keepdim) or not all(isinstance(n, int) for n in x.shape):
+        return NotImplemented
+    rows = aten.reshape.default(aten.movedim.int(x, dim, -1), [-1, x.shape[dim] if x.dim() else 1])
+    out = aten.logsumexp.default(rows, [1], True)
+    shape = [1 if i == dim else n for i, n in enumerate(x.shape)] if keepdim else \
+        [n for i, n in enumerate(x.shape) if i != dim]
+    return aten.reshape.default(out, shape)
+
+
+def _lse_sample(shape, dtype, flags):
+    return [random_tensor(shape, dtype, 3.0), [-1], True], {}
+
+
+register(Composite(op=aten.logsumexp.default, accepts=_lse_accepts, params=_lse_params,
+                   reference=decomposition_table[aten.logsumexp.default], tensor_args=(0,), flags=1,
+                   sample=_lse_sample, canonical=_lse_canonical))
