@@ -457,7 +457,7 @@ def keep_dtypes(op, decomposition):
 # Ops torch-mlir 20261001 knows but never lowers: their FALLBACK entry applies from the first
 # compile rather than after one fails (two iree-compile runs per graph and shape).
 UNLOWERED = frozenset({
-    aten.squeeze.dims,  # in every graph that holds a logsumexp (core ATen's decomposition)
+    aten.squeeze.dims,  # nll_loss's decomposition; a logsumexp's where its composite is off
     aten.avg_pool2d_backward.default, aten.avg_pool3d_backward.default,
     aten.max_pool3d_with_indices_backward.default,
     aten._adaptive_avg_pool2d_backward.default, aten._adaptive_avg_pool3d_backward.default,

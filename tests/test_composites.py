@@ -465,3 +465,31 @@ def test_dumped_module_names_its_composite(name, monkeypatch, tmp_path):
                 "_scaled_dot_product_flash_attention_for_cpu": "kv_heads",
                 "_scaled_dot_product_flash_attention_for_cpu_backward": "scale"}
     assert f"{expected.get(name, 'approximate')} = " in mlir.split("boo.params = {", 1)[1].split("}", 1)[0]
+
+
+# Calls of logsumexp the kernel does not take. torch-mlir cannot lower the op, so each must
+# reach torch's decomposition before the first import (no failed lowering, no retry).
+_LSE_DECLINED = {
+    "two_dims": (lambda x: torch.logsumexp(x, (0, 2), keepdim=True), (5, 7, 3), torch.float32),
+    "float64": (lambda x: torch.logsumexp(x, -1), (5, 131), torch.float64),
+    "zero_width": (lambda x: torch.logsumexp(x, -1), (5, 0), torch.float32),
+    "zero_d": (lambda x: torch.logsumexp(x, 0), (), torch.float32),
+}
+
+
+@pytest.mark.parametrize("case", sorted(_LSE_DECLINED))
+def test_logsumexp_calls_the_kernel_declines_are_decomposed_first(case, caplog):
+    fn, shape, dtype = _LSE_DECLINED[case]
+    torch.manual_seed(seed_for(case))
+    x = rand(shape, dtype, scale=3.0).requires_grad_()
+    boo_backend.reset()
+    with caplog.at_level("DEBUG", logger="boo_backend"):
+        out = torch.compile(fn, backend="boo", dynamic=False)(x)
+        (grad,) = torch.autograd.grad(out.sum(), x)
+    x64 = x.detach().double().requires_grad_()
+    ref = fn(x64)
+    (ref_grad,) = torch.autograd.grad(ref.sum(), x64)
+    assert out.shape == ref.shape and out.dtype == dtype
+    torch.testing.assert_close(out.double(), ref.detach(), rtol=1e-6, atol=1e-6)  # -inf over no values
+    torch.testing.assert_close(grad.double(), ref_grad, rtol=1e-6, atol=1e-6)
+    assert "cannot lower" not in caplog.text

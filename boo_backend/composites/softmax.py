@@ -112,20 +112,29 @@ register(_backward_entry(aten._log_softmax_backward_data.default, aten._log_soft
 
 # -- logsumexp(self, dim, keepdim) over one dim -------------------------------------------
 # The kernel takes x[M, N] over N with keepdim; `canonical` moves the reduced dim last and
-# flattens the rest. Static sizes only, none of them 0.
+# flattens the rest. Static sizes only, none of them 0. torch-mlir cannot lower logsumexp,
+# so `canonical` gives a call the kernel cannot take torch's decomposition (with keepdim,
+# then reshaped: its squeeze.dims would be one more op torch-mlir cannot lower).
 
 
 def _lse_dim(x, dims) -> int | None:
     return dims[0] % max(x.dim(), 1) if isinstance(dims, (list, tuple)) and len(dims) == 1 else None
 
 
-def _lse_accepts(args, kwargs, outs):
-    x, dims = args[0], args[1]
-    keepdim = args[2] if len(args) > 2 else kwargs.get("keepdim", False)
+def _lse_decline(x, dims) -> str | None:
     if _lse_dim(x, dims) is None:
         return "not over exactly one dim"
     if not all(isinstance(n, int) for n in x.shape) or 0 in x.shape:
         return "symbolic or zero sizes"
+    return None
+
+
+def _lse_accepts(args, kwargs, outs):
+    x, dims = args[0], args[1]
+    keepdim = args[2] if len(args) > 2 else kwargs.get("keepdim", False)
+    reason = _lse_decline(x, dims)
+    if reason:
+        return reason
     if not (x.dim() == 2 and _lse_dim(x, dims) == 1 and keepdim):
         return "not in the kernel's form ([M, N] over dim 1, keepdim)"
     return common_decline([x], outs)
@@ -139,14 +148,18 @@ def _lse_params(args, kwargs, outs):
 
 def _lse_canonical(x, dims, keepdim=False):
     dim = _lse_dim(x, dims)
-    if dim is None or (x.dim() == 2 and dim == 1 and keepdim) or not all(isinstance(n, int) for n in x.shape):
+    if dim is not None and x.dim() == 2 and dim == 1 and keepdim and x.dtype in ELEMENT_TYPES:
         return NotImplemented
-    rows = aten.reshape.default(aten.movedim.int(x, dim, -1), [-1, x.shape[dim] if x.dim() else 1])
-    out = aten.logsumexp.default(rows, [1], True)
-    shape = [1 if i == dim else n for i, n in enumerate(x.shape)] if keepdim else \
-        [n for i, n in enumerate(x.shape) if i != dim]
+    if not dims:  # every dim
+        return decomposition_table[aten.logsumexp.default](x, dims, keepdim)
+    reduced = {d % x.dim() for d in dims} if x.dim() else set()
+    shape = [1 if i in reduced else n for i, n in enumerate(x.shape) if keepdim or i not in reduced]
+    if _lse_decline(x, dims) or x.dtype not in ELEMENT_TYPES:
+        out = decomposition_table[aten.logsumexp.default](x, dims, True)
+    else:
+        n = x.shape[dim] if x.dim() else 1
+        out = aten.logsumexp.default(aten.reshape.default(aten.movedim.int(x, dim, -1), [x.numel() // n, n]), [1], True)
     return aten.reshape.default(out, shape)
-
 
 def _lse_sample(shape, dtype, flags):
     return [random_tensor(shape, dtype, 3.0), [-1], True], {}
