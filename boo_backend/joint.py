@@ -1,26 +1,30 @@
 """Rewrites of AOTAutograd's joint graph (forward and backward in one graph), made before the
-partition decides what the forward saves for the backward. Imports only fusions' helpers.
+partition decides what the forward saves for the backward. Imports composites (a leaf),
+config and fusions' helpers from boo_backend.
 
-- **Cross-entropy saves row statistics** (`_row_stats`): `log_softmax(x)` whose only readers
-  are gathers (nll_loss's forward picks each row's target), its own backward and `*_like`
-  fills of its shape is `(x - m) - log(sum(exp(x - m)))` with `m` the row maximum: eager's
-  own order of operations. The forward then gathers from `x` and subtracts the two row
-  statistics, and the backward computes `exp((x - m) - lse)` from `x` again. The forward
-  no longer writes the log-probabilities, a tensor as large as the logits (65 MB for a
-  batch of 512 tokens over a vocabulary of 32000), and the backward reads `x`, which a
-  language model returns as its logits and holds anyway, where it read a saved copy. The
-  partition saves `x` and the two [rows, 1] statistics (AOTAutograd's min-cut bans
-  recomputing reductions; its default partition saves what the forward made).
-  fusions._cross_entropy_backward then turns the backward into one pass.
-  The statistic is `logsumexp(x)` (one kernel, composites/softmax.py) where that
-  composite is on, else the maximum and the log of the sum, in eager's order.
-  Measured on [512, 32000] float32 logits (Xeon, 2 cores): forward 9.5 -> 3.8 ms, backward
-  12.1 -> 8.5-8.9 ms (Inductor: 5.3 and 28.5). Declined, so computed as before: float32
-  and float64 only (in half precision log_softmax rounds its result once, and the
-  subtractions here would round twice); static sizes only (new nodes' values are computed
-  on them, and symbolic ones could gain guards); log-probabilities read through a view
-  (nll_loss2d: [batch, classes, length] logits) or multiplied whole (class weights), or
-  read by anything else (label smoothing's sum, a user's own use).
+- **Cross-entropy saves a row statistic** (`_row_stats`): `log_softmax(x)` whose only
+  readers are gathers (nll_loss's forward picks each row's target), its own backward and
+  `*_like` fills of its shape is `x - logsumexp(x)`. The forward then gathers from `x` and
+  subtracts the statistic, and the backward computes `exp(x - lse)` from `x` again
+  (fusions._cross_entropy_backward makes that one pass). The forward no longer writes the
+  log-probabilities, a tensor as large as the logits (65 MB for 512 tokens over a
+  vocabulary of 32000), and the backward reads `x`, which a language model returns as its
+  logits and holds anyway, where it read a saved copy. The partition saves `x` and the
+  [rows, 1] statistic (AOTAutograd's min-cut bans recomputing reductions; its default
+  partition saves what the forward made).
+  The statistic is one kernel (the logsumexp composite, composites/softmax.py) where that
+  composite is on and takes the dtype; else the maximum `m` and `log(sum(exp(x - m)))`,
+  subtracted in eager's own order.
+  Measured on [512, 32000] float32 logits (Xeon, 2 cores; bench/cross_entropy.py and
+  bench/RESULTS.md): forward 9.5 ms before, 3.8-5.1 ms with the module on local-task and
+  9.2-10.3 on local-sync; backward 12.1 ms before, 8.5-13.6 after (Inductor: 5.3-6.6 and
+  28.5-31).
+  Declined, so computed as before: float32 and float64 only (in half precision log_softmax
+  rounds its result once, and the subtractions here would round twice); static sizes only
+  (new nodes' values are computed on them, and symbolic ones could gain guards);
+  log-probabilities read through a view (nll_loss2d: [batch, classes, length] logits) or
+  multiplied whole (class weights), or read by anything else (label smoothing's sum, a
+  user's own use).
 """
 
 from __future__ import annotations
