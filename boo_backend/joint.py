@@ -37,7 +37,7 @@ from torch._guards import detect_fake_mode
 
 from . import composites
 from .config import Options
-from .fusions import _EXACT, _val
+from .fusions import _EXACT, _insert, _val
 
 aten = torch.ops.aten
 log = logging.getLogger("boo_backend")
@@ -90,14 +90,9 @@ def _row_stats(graph: fx.Graph, ls: fx.Node, lse_composite: bool) -> bool:
     gathers, backwards, likes, aliases = found
 
     def call(anchor, target, *args) -> fx.Node:
-        values = fx.node.map_arg(args, _val)
         with mode:
-            value = target(*values)
-        with graph.inserting_before(anchor):
-            node = graph.call_function(target, args)
-        node.meta = {**anchor.meta, "val": value}
-        node.meta.pop("tensor_meta", None)
-        return node
+            value = target(*fx.node.map_arg(args, _val))
+        return _insert(graph, anchor, target, args, value)
 
     if lse_composite and x.dtype in composites.ELEMENT_TYPES:  # one row statistic, one kernel
         stats = [call(ls, aten.logsumexp.default, x_node, [dim], True)]

@@ -161,6 +161,7 @@ def _lse_canonical(x, dims, keepdim=False):
         out = aten.logsumexp.default(aten.reshape.default(aten.movedim.int(x, dim, -1), [x.numel() // n, n]), [1], True)
     return aten.reshape.default(out, shape)
 
+
 def _lse_sample(shape, dtype, flags):
     return [random_tensor(shape, dtype, 3.0), [-1], True], {}
 
