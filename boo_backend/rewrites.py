@@ -83,12 +83,6 @@ def _atan2(y, x):
     return aten.where.self(nan, aten.add.Tensor(y, x), r)
 
 
-def _squares(a, b=None, *args, **kwargs) -> bool:
-    """A float tensor times itself (one value as both operands); not float64, whose powers
-    f64._pow_ieee computes as products."""
-    return a is b and isinstance(a, torch.Tensor) and a.is_floating_point() and a.dtype != torch.float64
-
-
 def _square_as_pow(a, b, *args, **kwargs):
     """`x * x` as `x ** 2`, the same value in every dtype (tests/test_iree_workarounds.py).
     A reduction fed by a value times itself ((x * x).sum(-1)) becomes, in IREE 3.13's CPU
@@ -102,6 +96,12 @@ def _square_as_pow(a, b, *args, **kwargs):
 
 def _not_f64(x, *args, **kwargs) -> bool:
     return isinstance(x, torch.Tensor) and x.dtype.is_floating_point and x.dtype != torch.float64
+
+
+def _squares(a, b=None, *args, **kwargs) -> bool:
+    """A float tensor times itself (one value as both operands); not float64, whose powers
+    f64._pow_ieee computes as products."""
+    return a is b and _not_f64(a)
 
 
 def _log10(x):
