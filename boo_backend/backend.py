@@ -18,7 +18,7 @@ from torch._functorch.aot_autograd import make_boxed_func
 from torch._functorch import config as functorch_config
 from torch._functorch.partitioners import default_partition, min_cut_rematerialization_partition
 
-from . import aot_cache, composites, hops, joint, match, patterns, precompile, refusals, regions
+from . import aot_cache, composites, hops, joint, match, patterns, precompile, refusals, regions, tangents
 from .compile import Target, target_for
 from .config import BooError, BooFallbackWarning, BooStrictError, Options
 from .graph import CompiledGraph
@@ -58,7 +58,8 @@ def boo(gm: fx.GraphModule, example_inputs, options: dict | None = None, **kwarg
             if opts.strict:
                 raise BooStrictError(f"boo strict: {kind} graph {name}: {e}") from e
             warnings.warn(f"{e} ({kind} graph {name})", BooFallbackWarning, stacklevel=2)
-            return aot_cache.BooGraph(kind, make_boxed_func(graph.forward), None, opts, name)
+            run = graph.forward if kind != "backward" else lambda *a: graph.forward(*tangents.fill(list(a), graph))
+            return aot_cache.BooGraph(kind, make_boxed_func(run), None, opts, name)
         compiled = CompiledGraph(graph, kind, opts, name)
         graphs.append(compiled)
         return aot_cache.BooGraph(kind, compiled, graph, opts, name)

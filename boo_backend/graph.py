@@ -21,7 +21,7 @@ import sympy
 import torch
 import torch.fx as fx
 
-from . import blocks, pool, saved, symbolic
+from . import blocks, pool, saved, symbolic, tangents
 from .assemble import Assembly, NotDynamic
 from .cache import CompileCache, timed
 from .compile import BooCompileTimeout, Target, compile_mlir, compile_flags, target_for
@@ -137,12 +137,19 @@ class CompiledGraph(Assembly):
         self.aten_matmul = "never" if opts.compile_only and opts.aten_matmul == "auto" else opts.aten_matmul
         # Runtime drivers of the runner being built, by part; see Placement.drivers.
         self._drivers: dict[str, str] = {}
-        # Every IREE module loaded for the graph (all its runners): see on_aten_only.
+        # Every IREE module loaded for the graph (all its runners and variants): see on_aten_only.
         self.functions: list = []
+        # A backward given None for tangents its forward left unmade: the graph with those
+        # inputs as zeros, by their positions (tangents.py).
+        self._variants: dict[tuple[int, ...], CompiledGraph] = {}
 
     def built(self) -> bool:
         """Whether the graph has been built (at its first call)."""
-        return bool(self._runners or self._dynamic_runner)
+        return bool(self._runners or self._dynamic_runner or any(v.built() for v in self._variants.values()))
+
+    def names(self) -> set[str]:
+        """The graph's name and its variants' (their placements carry them)."""
+        return {self.name, *(v.name for v in self._variants.values())}
 
     def on_aten_only(self) -> bool:
         """Whether the graph has been built and each of its IREE modules was measured slower
@@ -158,6 +165,10 @@ class CompiledGraph(Assembly):
         return tuple(tuple(a.shape) if isinstance(a, torch.Tensor) else a for a in args)
 
     def __call__(self, args):
+        if self.kind == "backward" and any(a is None for a in args):
+            return self._without_unmade(args)
+        if self.kind == "forward" and not self.symbolic and not self.opts.compile_only:
+            tangents.leave_unmade()
         if self.opts.compile_only:
             self._compile_only(list(args))
             return self.gm(*args)
@@ -175,6 +186,28 @@ class CompiledGraph(Assembly):
             runner = self._runners[key] = _boxed(self._build(list(args), len(self._runners)))
             return self._first_call(key, runner, args)
         return runner(args)
+
+    def _without_unmade(self, args: list):
+        """A backward call given None for the tangents at some positions (tangents.py): the
+        graph's variant where they are zeros, on the other arguments."""
+        missing = tuple(i for i, a in enumerate(args) if a is None)
+        variant = self._variants.get(missing)
+        if variant is None:
+            gm = self._whole() if self._whole is not None else self.gm
+            try:
+                zeroed = tangents.zeroed(gm, missing)
+            except ValueError as e:  # a tangent without a static shape: autograd's zeros after all
+                log.debug("%s; %s graph %s makes the zeros", e, self.kind, self.name)
+                return self(tangents.fill(list(args), gm))
+            variant = CompiledGraph(zeroed, self.kind, self.opts, f"{self.name}_z{len(self._variants)}")
+            variant.functions = self.functions
+            self._variants[missing] = variant
+            log.debug("boo: %s graph %s: tangents %s were not made (outputs no one differentiated); "
+                      "running %s, where they are zeros", self.kind, self.name, list(missing), variant.name)
+        present = [a for a in args if a is not None]
+        if isinstance(args, list):
+            args.clear()  # the saved tensors go as the graph lets go of them, as in a call of its own
+        return variant(present)
 
     def _first_call(self, key, runner, args: list):
         """A module's first call. IREE refuses some modules only when they run (torch-mlir

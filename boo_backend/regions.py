@@ -135,7 +135,7 @@ class _Trial:
 
 def _mark(graphs: list, why: str) -> None:
     """Say so in the placement of each graph of the region (boo_backend.placements())."""
-    names = {g.name for g in graphs}
+    names = {n for g in graphs for n in g.names()}
     for p in PLACEMENTS:
         if p.name in names:
             p.in_eager = why
