@@ -91,10 +91,11 @@ class _Loaded:
     passed after its arguments (storage.with_storage)."""
 
     def __init__(self, module: rt.VmModule, device: rt.HalDevice, name: str, graph: str,
-                 queue: "gpu.Queue | None" = None, pooled: bool = False, placed=()):
+                 queue: "gpu.Queue | None" = None, pooled: bool = False, placed=(), workers: bool = False):
         inst = _instance()
         self.device = device
         self.pooled = pooled
+        self.workers = workers  # local-task: IREE's worker threads run the call (see _release_torch_threads)
         # What each call needs to pass a placed result's storage, worked out once.
         self._storage = [(tuple(shape), dtype, math.prod(shape) * dtype.itemsize,
                           memory.SAME_SIZE_INT[dtype.itemsize], rt.Shape(list(shape)))
@@ -120,6 +121,8 @@ class _Loaded:
                               passed, whole)
         storage = self._placed_storage(args) if self._storage else ()
         results = rt.VmVariantList(num_results - len(storage))
+        if self.workers:
+            _release_torch_threads()
         self.context.invoke(self.function, args, results)
         out = [gpu.export_tensor(self.device, results.get_as_object(i, rt.HalBufferView), gpu.DLPACK_CPU, 0)
                for i in range(len(results))]
@@ -252,7 +255,8 @@ class IreeFunction:
             # A fenced CPU target (tests) runs the GPU calling convention on the CPU.
             queue = gpu.Queue(device, gpu.DLPACK_CPU, 0, host_wait=True) if self.target.fenced else None
             self._loaded[driver] = _Loaded(self._module, device, self._name, self.graph, queue,
-                                           pooled=driver in memory.POOLED, placed=self.placed)
+                                           pooled=driver in memory.POOLED, placed=self.placed,
+                                           workers=driver == "local-task")
         return self._loaded[driver]
 
     def _use(self, driver: str) -> None:
@@ -500,6 +504,43 @@ def _after_torch_work() -> None:
     """Leave torch's OpenMP threads as an ATen kernel leaves them (see _ROUNDS)."""
     if torch.get_num_threads() > 1:
         _parallel_work().fill_(1.0)
+
+
+def _release_torch_threads() -> None:
+    """Before a local-task call: end the spin of torch's idle OpenMP threads, which would take
+    a core from IREE's workers for milliseconds (see _ROUNDS), by releasing the calling
+    thread's OpenMP pool (OpenMP 5's omp_pause_resource_all, soft). torch's next parallel
+    region starts its threads again (about 30 us for one thread here). Not inside a parallel
+    region (the call then does nothing), nor where the runtime lacks the call."""
+    pause = _openmp_pause()
+    if pause is not None and torch.get_num_threads() > 1:
+        pause(_OMP_PAUSE_SOFT)
+
+
+_OMP_PAUSE_SOFT = 1  # omp_pause_resource_t: omp_pause_soft
+
+
+@functools.cache
+def _openmp_pause():
+    """omp_pause_resource_all of GNU's OpenMP runtime (libgomp, which torch's Linux wheels
+    load), or None: another OS or runtime (LLVM's and Intel's keep one pool for the process,
+    which a pause from one thread would stop under another's region)."""
+    import ctypes
+
+    try:
+        with open("/proc/self/maps") as maps:
+            paths = {line.split(maxsplit=5)[-1].strip() for line in maps if "libgomp" in line}
+    except OSError:
+        return None
+    for path in sorted(paths):
+        if os.path.basename(path).startswith("libgomp"):
+            try:
+                pause = ctypes.CDLL(path).omp_pause_resource_all
+            except (OSError, AttributeError):
+                continue
+            pause.argtypes, pause.restype = [ctypes.c_int], ctypes.c_int
+            return pause
+    return None
 
 
 @functools.cache

@@ -2,6 +2,7 @@
 matmuls placed by measurement (BOO_ATEN_MATMUL). These test the mechanisms and their
 results, never a speed: timings are injected where a decision must go one way."""
 
+import os
 import re
 import time
 
@@ -123,6 +124,36 @@ def test_the_openmp_hint_is_logged_once(monkeypatch, caplog):
         runtime._hint_wait_policy()
         runtime._hint_wait_policy()
     assert sum("OMP_WAIT_POLICY=PASSIVE" in r.getMessage() for r in caplog.records) == 1
+
+
+def _threads_named_as_main() -> int:
+    """Threads of this process that carry the main thread's name: torch's OpenMP workers
+    among them (IREE names its own)."""
+    import glob
+
+    main = open(f"/proc/{os.getpid()}/comm").read()
+    return sum(open(f).read() == main for f in glob.glob(f"/proc/{os.getpid()}/task/*/comm"))
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/task"), reason="counts threads through Linux's /proc")
+def test_a_local_task_call_releases_torchs_idle_openmp_threads(monkeypatch):
+    """torch's OpenMP worker, left spinning by a parallel region, is ended before a local-task
+    call (runtime._release_torch_threads) and started again by torch's next region."""
+    monkeypatch.setenv("BOO_CPU_DRIVER", "local-task")
+    if torch.get_num_threads() < 2:
+        pytest.skip("torch runs one thread here: it has no OpenMP worker to release")
+    x, w = _inputs()
+    compiled = torch.compile(_gelu_scale, backend="boo")
+    assert_close(compiled(x, w), _gelu_scale(x, w))
+    big = torch.randn(512, 512)
+    torch.mm(big, big)  # a parallel region: the worker exists and spins
+    before = _threads_named_as_main()
+    out = compiled(x, w)
+    after = _threads_named_as_main()
+    assert_close(out, _gelu_scale(x, w))
+    torch.mm(big, big)
+    again = _threads_named_as_main()
+    assert after < before and again == before, f"threads: {before} before the call, {after} after, {again} after mm"
 
 
 def test_the_first_call_write_check_is_remembered(monkeypatch, tmp_path):
