@@ -166,7 +166,9 @@ class CompiledGraph(Assembly):
 
     def __call__(self, args):
         if self.kind == "backward" and any(a is None for a in args):
-            return self._without_unmade(args)
+            outputs = self._without_unmade(args)
+            if outputs is not None:
+                return outputs
         if self.kind == "forward" and not self.symbolic and not self.opts.compile_only:
             tangents.leave_unmade()
         if self.opts.compile_only:
@@ -189,8 +191,11 @@ class CompiledGraph(Assembly):
 
     def _without_unmade(self, args: list):
         """A backward call given None for the tangents at some positions (tangents.py): the
-        graph's variant where they are zeros, on the other arguments."""
-        missing = tuple(i for i, a in enumerate(args) if a is None)
+        graph's variant where they are zeros, on the other arguments. None where no tangent
+        is None (AOTAutograd passes its effect tokens as None)."""
+        missing = tuple(i for i in tangents.positions(self.gm) if args[i] is None)
+        if not missing:
+            return None
         variant = self._variants.get(missing)
         if variant is None:
             gm = self._whole() if self._whole is not None else self.gm

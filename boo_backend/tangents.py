@@ -50,15 +50,26 @@ def leave_unmade() -> None:
             return
 
 
+def positions(gm: fx.GraphModule) -> list[int]:
+    """Positions of the backward graph's tangents among its inputs (AOTAutograd names them
+    `tangents_<n>`)."""
+    found = getattr(gm, "_boo_tangents", None)
+    if found is None:
+        placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+        found = gm._boo_tangents = [i for i, n in enumerate(placeholders) if n.name.startswith("tangents")]
+    return found
+
+
 def fill(args: list, gm: fx.GraphModule) -> list:
     """`args` with each None replaced by the zeros autograd would have made (the placeholder's
     shape, strides and dtype): for a backward that runs its graph as it is."""
-    if not any(a is None for a in args):
+    at = set(positions(gm))
+    if not any(args[i] is None for i in at):
         return args
     vals = [n.meta.get("val") for n in gm.graph.nodes if n.op == "placeholder"]
     out = []
-    for a, val in zip(args, vals):
-        if a is None:
+    for i, (a, val) in enumerate(zip(args, vals)):
+        if a is None and i in at:
             if not isinstance(val, torch.Tensor):
                 raise RuntimeError("boo: a backward input is None and its graph does not say its shape")
             a = torch.empty_strided(tuple(val.shape), val.stride(), dtype=val.dtype, device=val.device).zero_()

@@ -138,12 +138,14 @@ def test_zeroed_graph_adds_nothing_where_the_tangent_was():
 
 
 def test_fill_gives_the_zeros_autograd_would_have_made():
-    def bw(a, t):
-        return a + t.t()
+    def bw(a, tangents, token):  # AOTAutograd's names: tangents_1; an effect token passes as None
+        return a + tangents.t()
 
-    gm = _traced(bw, torch.randn(3, 5), torch.randn(5, 3).t().contiguous().t())
-    filled = tangents.fill([torch.ones(3, 5), None], gm)
+    gm = _traced(bw, torch.randn(3, 5), torch.randn(5, 3).t().contiguous().t(), None)
+    assert tangents.positions(gm) == [1]
+    filled = tangents.fill([torch.ones(3, 5), None, None], gm)
     assert filled[1].shape == (5, 3) and filled[1].stride() == (1, 5) and not filled[1].any()
+    assert filled[2] is None
 
 
 def test_symbolic_forward_keeps_its_tangents():
