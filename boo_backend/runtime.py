@@ -523,8 +523,8 @@ _OMP_PAUSE_SOFT = 1  # omp_pause_resource_t: omp_pause_soft
 @functools.cache
 def _openmp_pause():
     """omp_pause_resource_all of GNU's OpenMP runtime (libgomp, which torch's Linux wheels
-    load), or None: another OS or runtime (LLVM's and Intel's keep one pool for the process,
-    which a pause from one thread would stop under another's region)."""
+    load; it releases the pool of the calling thread only), or None: another OS, or another
+    runtime (LLVM's, Intel's), whose pause has not been tried with boo."""
     import ctypes
 
     try:

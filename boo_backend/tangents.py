@@ -3,8 +3,8 @@
 A model's forward returns more than the loss: the logits, the key/value cache. Each output
 that requires grad is an output of AOTAutograd's autograd.Function, and autograd fills a
 tensor of zeros for each whose gradient no one computed, which the backward then reads: the
-Llama of bench/scale.py fills 62 MiB of logits' zeros every step (11 ms here), GPT-2 small
-98 MiB, and their loss modules read it again. Eager has no such tensor.
+Llama of bench/scale.py fills 62 MiB of logits' zeros every step, GPT-2 small 98 MiB, and
+their loss modules read them again. Eager has no such tensor.
 
 boo's forward therefore asks autograd not to make them (`leave_unmade`), and its backward
 gets None in their place. It then runs a copy of its graph (`zeroed`) in which each such
