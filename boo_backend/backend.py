@@ -58,7 +58,8 @@ def boo(gm: fx.GraphModule, example_inputs, options: dict | None = None, **kwarg
             if opts.strict:
                 raise BooStrictError(f"boo strict: {kind} graph {name}: {e}") from e
             warnings.warn(f"{e} ({kind} graph {name})", BooFallbackWarning, stacklevel=2)
-            run = graph.forward if kind != "backward" else lambda *a: graph.forward(*tangents.fill(list(a), graph))
+            at = tangents.positions(graph) if kind == "backward" else []
+            run = graph.forward if not at else lambda *a: graph.forward(*tangents.fill(list(a), graph, at))
             return aot_cache.BooGraph(kind, make_boxed_func(run), None, opts, name)
         compiled = CompiledGraph(graph, kind, opts, name)
         graphs.append(compiled)

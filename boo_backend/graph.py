@@ -142,6 +142,9 @@ class CompiledGraph(Assembly):
         # A backward given None for tangents its forward left unmade: the graph with those
         # inputs as zeros, by their positions (tangents.py).
         self._variants: dict[tuple[int, ...], CompiledGraph] = {}
+        self._tangents = tangents.positions(gm) if kind == "backward" else []
+        # A static forward asks autograd not to make the zero gradients its backward gets None for.
+        self._leaves_unmade = kind == "forward" and not self.symbolic and not opts.compile_only
 
     def built(self) -> bool:
         """Whether the graph has been built (at its first call)."""
@@ -165,11 +168,9 @@ class CompiledGraph(Assembly):
         return tuple(tuple(a.shape) if isinstance(a, torch.Tensor) else a for a in args)
 
     def __call__(self, args):
-        if self.kind == "backward" and any(a is None for a in args):
-            outputs = self._without_unmade(args)
-            if outputs is not None:
-                return outputs
-        if self.kind == "forward" and not self.symbolic and not self.opts.compile_only:
+        if self._tangents and any(args[i] is None for i in self._tangents):
+            return self._without_unmade(args)
+        if self._leaves_unmade:
             tangents.leave_unmade()
         if self.opts.compile_only:
             self._compile_only(list(args))
@@ -191,11 +192,9 @@ class CompiledGraph(Assembly):
 
     def _without_unmade(self, args: list):
         """A backward call given None for the tangents at some positions (tangents.py): the
-        graph's variant where they are zeros, on the other arguments. None where no tangent
-        is None (AOTAutograd passes its effect tokens as None)."""
-        missing = tuple(i for i in tangents.positions(self.gm) if args[i] is None)
-        if not missing:
-            return None
+        graph's variant where they are zeros, on the other arguments. Only tangents count:
+        AOTAutograd passes its effect tokens as None too."""
+        missing = tuple(i for i in self._tangents if args[i] is None)
         variant = self._variants.get(missing)
         if variant is None:
             gm = self._whole() if self._whole is not None else self.gm
@@ -203,7 +202,7 @@ class CompiledGraph(Assembly):
                 zeroed = tangents.zeroed(gm, missing)
             except ValueError as e:  # a tangent without a static shape: autograd's zeros after all
                 log.debug("%s; %s graph %s makes the zeros", e, self.kind, self.name)
-                return self(tangents.fill(list(args), gm))
+                return self(tangents.fill(list(args), gm, self._tangents))
             variant = CompiledGraph(zeroed, self.kind, self.opts, f"{self.name}_z{len(self._variants)}")
             variant.functions = self.functions
             self._variants[missing] = variant

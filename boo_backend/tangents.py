@@ -53,17 +53,14 @@ def leave_unmade() -> None:
 def positions(gm: fx.GraphModule) -> list[int]:
     """Positions of the backward graph's tangents among its inputs (AOTAutograd names them
     `tangents_<n>`)."""
-    found = getattr(gm, "_boo_tangents", None)
-    if found is None:
-        placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
-        found = gm._boo_tangents = [i for i, n in enumerate(placeholders) if n.name.startswith("tangents")]
-    return found
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    return [i for i, n in enumerate(placeholders) if n.name.startswith("tangents")]
 
 
-def fill(args: list, gm: fx.GraphModule) -> list:
-    """`args` with each None replaced by the zeros autograd would have made (the placeholder's
-    shape, strides and dtype): for a backward that runs its graph as it is."""
-    at = set(positions(gm))
+def fill(args: list, gm: fx.GraphModule, at: list[int]) -> list:
+    """`args` with each None at a tangent's position (`at`, from `positions`) replaced by the
+    zeros autograd would have made (the placeholder's shape, strides and dtype): for a
+    backward that runs its graph as it is."""
     if not any(args[i] is None for i in at):
         return args
     vals = [n.meta.get("val") for n in gm.graph.nodes if n.op == "placeholder"]

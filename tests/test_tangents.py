@@ -143,7 +143,7 @@ def test_fill_gives_the_zeros_autograd_would_have_made():
 
     gm = _traced(bw, torch.randn(3, 5), torch.randn(5, 3).t().contiguous().t(), None)
     assert tangents.positions(gm) == [1]
-    filled = tangents.fill([torch.ones(3, 5), None, None], gm)
+    filled = tangents.fill([torch.ones(3, 5), None, None], gm, tangents.positions(gm))
     assert filled[1].shape == (5, 3) and filled[1].stride() == (1, 5) and not filled[1].any()
     assert filled[2] is None
 
