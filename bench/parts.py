@@ -5,7 +5,7 @@ attention, or the whole graph). For each part, this script keeps the inputs of i
 the third step, then times, alone: the part as boo calls it (argument import, the call on
 the driver boo chose, results; "aten" when the part itself runs in ATen, runtime.ATEN), and
 the part's own graph run op by op by ATen on torch's threads. Each call follows a torch
-parallel region, as in the step (see runtime._after_torch_work). The totals weigh each part
+parallel region, as in the step (see cores.after_torch_work). The totals weigh each part
 by its calls per step (the layers of a model share their parts).
 
     python bench/parts.py [--model mlp|transformer|ln_gelu|gpt2|llama] [--layers N] [--calls 9] [--out F.csv]
@@ -44,7 +44,7 @@ import steps  # noqa: E402
 from boo_backend import part  # noqa: E402
 from boo_backend.benchmarking import host_line  # noqa: E402
 from boo_backend.lower import arguments  # noqa: E402
-from boo_backend.runtime import _after_torch_work  # noqa: E402
+from boo_backend.cores import after_torch_work  # noqa: E402
 
 # Ops that move no data (views, getitem), left out of a part's op list.
 _QUIET = ("view", "getitem", "permute", "unsqueeze", "squeeze", "expand", "_unsafe_view", "alias", "t")
@@ -66,7 +66,7 @@ def _step_fn(name: str, layers: int | None):
 def _median_ms(fn, calls: int) -> float:
     times = []
     for _ in range(calls):
-        _after_torch_work()
+        after_torch_work()
         start = time.perf_counter()
         fn()
         times.append(time.perf_counter() - start)

@@ -1,8 +1,9 @@
 """Run compiled IREE modules on torch tensors, passing buffers both ways through DLPack.
 
-Imports gpu (devices, fences and ordering for GPU modules), memory (which tensors share
-memory, and which results leave IREE's pool), pool (storage for results), compile (for
-Target) and config from boo_backend.
+Imports cores (the CPU's cores, shared with torch's threads and the thread that waits), gpu
+(devices, fences and ordering for GPU modules), memory (which tensors share memory, and which
+results leave IREE's pool), pool (storage for results), compile (for Target) and config from
+boo_backend.
 """
 
 from __future__ import annotations
@@ -11,14 +12,13 @@ import contextlib
 import functools
 import logging
 import math
-import os
 import threading
 import time
 
 import iree.runtime as rt
 import torch
 
-from . import gpu, memory, pool
+from . import cores, gpu, memory, pool
 from .cache import timed
 from .compile import Target
 from .config import BooError
@@ -95,7 +95,7 @@ class _Loaded:
         inst = _instance()
         self.device = device
         self.pooled = pooled
-        self.workers = workers  # local-task: IREE's worker threads run the call (see _release_torch_threads)
+        self.workers = workers  # local-task: IREE's worker threads run the call (see boo_backend.cores)
         # What each call needs to pass a placed result's storage, worked out once.
         self._storage = [(tuple(shape), dtype, math.prod(shape) * dtype.itemsize,
                           memory.SAME_SIZE_INT[dtype.itemsize], rt.Shape(list(shape)))
@@ -122,8 +122,10 @@ class _Loaded:
         storage = self._placed_storage(args) if self._storage else ()
         results = rt.VmVariantList(num_results - len(storage))
         if self.workers:
-            _release_torch_threads()
-        self.context.invoke(self.function, args, results)
+            cores.release_torch_threads()
+            cores.wait_aside(self.context.invoke, self.function, args, results)
+        else:
+            self.context.invoke(self.function, args, results)
         out = [gpu.export_tensor(self.device, results.get_as_object(i, rt.HalBufferView), gpu.DLPACK_CPU, 0)
                for i in range(len(results))]
         if self.pooled and out:
@@ -182,7 +184,7 @@ _STORAGE_USAGE = int(rt.BufferUsage.DEFAULT) | int(rt.BufferUsage.MAPPING)
 # training step does not (its workers sleep between calls and share the cores with torch's
 # threads). Measured on the main job's graphs: 92 against 90 us and 107 against 108 us back
 # to back, yet the step took 0.57-0.67 ms on local-sync against 0.64-0.81 ms on local-task.
-# Each timed call follows a torch parallel region (_after_torch_work), as a part between
+# Each timed call follows a torch parallel region (cores.after_torch_work), as a part between
 # ATen's kernels does in the step: with OMP_WAIT_POLICY unset, torch's worker then spins for
 # about 7 ms on one of the cores local-task's workers want (memory._PARALLEL_COPY).
 # A winner other than the target's default driver must win again over as many more rounds
@@ -261,7 +263,7 @@ class IreeFunction:
 
     def _use(self, driver: str) -> None:
         if driver == "local-task" and self.driver == driver:
-            _hint_wait_policy()
+            cores.hint_wait_policy()
         self._current = self._load(driver)
 
     def _on_gpu(self, passed: list) -> _Loaded:
@@ -393,7 +395,7 @@ class IreeFunction:
         return not wrong
 
     def _timed_invoke(self, loaded: _Loaded, passed, num_results, copies) -> float:
-        _after_torch_work()
+        cores.after_torch_work()
         start = time.perf_counter()
         loaded.run(passed, num_results, self.sync, whole=copies)
         return time.perf_counter() - start
@@ -490,65 +492,3 @@ def _arguments(device: rt.HalDevice, passed: list[torch.Tensor], whole=()) -> rt
         else:
             args.push_int(int(t))
     return args
-
-
-@functools.cache
-def _parallel_work() -> torch.Tensor:
-    """Kept for the process: made outside inference mode, whatever the first call's mode (an
-    inference tensor cannot be written outside it)."""
-    with torch.inference_mode(False):
-        return torch.empty(1 << 17)  # past ATen's grain size (32768): its fill runs on all threads
-
-
-def _after_torch_work() -> None:
-    """Leave torch's OpenMP threads as an ATen kernel leaves them (see _ROUNDS)."""
-    if torch.get_num_threads() > 1:
-        _parallel_work().fill_(1.0)
-
-
-def _release_torch_threads() -> None:
-    """Before a local-task call: end the spin of torch's idle OpenMP threads, which would take
-    a core from IREE's workers for milliseconds (see _ROUNDS), by releasing the calling
-    thread's OpenMP pool (OpenMP 5's omp_pause_resource_all, soft). torch's next parallel
-    region starts its threads again (about 30 us for one thread here). Not inside a parallel
-    region (the call then does nothing), nor where the runtime lacks the call."""
-    pause = _openmp_pause()
-    if pause is not None and torch.get_num_threads() > 1:
-        pause(_OMP_PAUSE_SOFT)
-
-
-_OMP_PAUSE_SOFT = 1  # omp_pause_resource_t: omp_pause_soft
-
-
-@functools.cache
-def _openmp_pause():
-    """omp_pause_resource_all of GNU's OpenMP runtime (libgomp, which torch's Linux wheels
-    load; it releases the pool of the calling thread only), or None: another OS, or another
-    runtime (LLVM's, Intel's), whose pause has not been tried with boo."""
-    import ctypes
-
-    try:
-        with open("/proc/self/maps") as maps:
-            paths = {line.split(maxsplit=5)[-1].strip() for line in maps if "libgomp" in line}
-    except OSError:
-        return None
-    for path in sorted(paths):
-        if os.path.basename(path).startswith("libgomp"):
-            try:
-                pause = ctypes.CDLL(path).omp_pause_resource_all
-            except (OSError, AttributeError):
-                continue
-            pause.argtypes, pause.restype = [ctypes.c_int], ctypes.c_int
-            return pause
-    return None
-
-
-@functools.cache
-def _hint_wait_policy() -> None:
-    """Once per process: torch's OpenMP threads spin for a while after each parallel region
-    unless OMP_WAIT_POLICY=PASSIVE, and on a small machine they take the cores IREE's
-    local-task workers need (the transformer-layer step of bench/steps.py ran 1.3-1.5x
-    faster with it, eager 0.9x; README, "Known limits")."""
-    if torch.get_num_threads() > 1 and os.environ.get("OMP_WAIT_POLICY", "").lower() != "passive":
-        log.info("boo: torch's OpenMP threads spin-wait between parallel regions and compete with "
-                 "IREE's workers; OMP_WAIT_POLICY=PASSIVE (set before torch is imported) avoids that")

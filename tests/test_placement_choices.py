@@ -72,10 +72,10 @@ def test_auto_driver_is_measured_once_then_remembered(monkeypatch, tmp_path):
 
 def test_each_timed_driver_call_follows_torch_work(monkeypatch, tmp_path):
     """The driver choice meets the cores as a part between ATen kernels does (runtime._ROUNDS)."""
-    from boo_backend import runtime
+    from boo_backend import cores, runtime
 
     events = []
-    monkeypatch.setattr(runtime, "_after_torch_work", lambda: events.append("torch"))
+    monkeypatch.setattr(cores, "after_torch_work", lambda: events.append("torch"))
     original = runtime._Loaded.run
 
     def run(self, *args, **kwargs):
@@ -96,11 +96,11 @@ def test_a_first_measurement_under_inference_mode_leaves_later_ones_working(monk
     under inference mode by the first measurement, it could not be written outside it: every
     later module measured outside inference mode failed ("Inplace update to inference tensor
     outside InferenceMode")."""
-    from boo_backend import runtime
+    from boo_backend import cores
 
     chosen = _calls_of(monkeypatch, "_choose")
     monkeypatch.setattr(torch, "get_num_threads", lambda: 2)  # the fill runs only with threads
-    runtime._parallel_work.cache_clear()
+    cores._parallel_work.cache_clear()
     try:
         _fresh_cache(monkeypatch, tmp_path)
         x, w = _inputs()
@@ -111,18 +111,18 @@ def test_a_first_measurement_under_inference_mode_leaves_later_ones_working(monk
         assert_close(torch.compile(_gelu_scale, backend="boo")(x, w), _gelu_scale(x, w))
         assert len(chosen) == 2, "the driver was not measured both times"
     finally:
-        runtime._parallel_work.cache_clear()
+        cores._parallel_work.cache_clear()
 
 
 def test_the_openmp_hint_is_logged_once(monkeypatch, caplog):
-    from boo_backend import runtime
+    from boo_backend import cores
 
     monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
     monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
-    runtime._hint_wait_policy.cache_clear()
+    cores.hint_wait_policy.cache_clear()
     with caplog.at_level("INFO", logger="boo_backend"):
-        runtime._hint_wait_policy()
-        runtime._hint_wait_policy()
+        cores.hint_wait_policy()
+        cores.hint_wait_policy()
     assert sum("OMP_WAIT_POLICY=PASSIVE" in r.getMessage() for r in caplog.records) == 1
 
 
@@ -138,7 +138,7 @@ def _threads_named_as_main() -> int:
 @pytest.mark.skipif(not os.path.exists("/proc/self/task"), reason="counts threads through Linux's /proc")
 def test_a_local_task_call_releases_torchs_idle_openmp_threads(monkeypatch):
     """torch's OpenMP worker, left spinning by a parallel region, is ended before a local-task
-    call (runtime._release_torch_threads) and started again by torch's next region."""
+    call (cores.release_torch_threads) and started again by torch's next region."""
     monkeypatch.setenv("BOO_CPU_DRIVER", "local-task")
     if torch.get_num_threads() < 2:
         pytest.skip("torch runs one thread here: it has no OpenMP worker to release")
