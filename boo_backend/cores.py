@@ -112,7 +112,8 @@ class _Waiter:
         self.calls: queue.SimpleQueue = queue.SimpleQueue()
         self.ready = threading.Event()
         self.idle = False
-        threading.Thread(target=self._serve, name="boo-wait", daemon=True).start()
+        self.thread = threading.Thread(target=self._serve, name="boo-wait", daemon=True)
+        self.thread.start()
         self.ready.wait()
 
     def _serve(self) -> None:
@@ -161,7 +162,7 @@ _waiter_lock = threading.Lock()
 def wait_aside(fn, *args) -> None:
     """fn(*args) (a synchronous local-task call: IREE's workers do its work) run on the
     waiting thread while the caller blocks; fn's exception is raised here. Where no SCHED_IDLE
-    thread can be had, the caller runs it."""
+    thread can be had (or the waiting thread itself calls), the caller runs it."""
     global _waiter
     waiter = _waiter
     if waiter is None or waiter.pid != os.getpid():
@@ -169,7 +170,7 @@ def wait_aside(fn, *args) -> None:
             if _waiter is None or _waiter.pid != os.getpid():
                 _waiter = _Waiter()
             waiter = _waiter
-    if not waiter.idle:
+    if not waiter.idle or threading.current_thread() is waiter.thread:
         fn(*args)
         return
     waiter.call(fn, *args)

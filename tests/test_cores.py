@@ -93,3 +93,20 @@ def test_where_no_idle_thread_can_be_had_the_caller_makes_the_call(monkeypatch):
     seen = []
     cores.wait_aside(lambda: seen.append(threading.get_native_id()))
     assert seen == [threading.get_native_id()]
+
+
+def test_a_call_made_from_inside_a_waited_call_runs_there():
+    """The waiting thread never queues a call behind itself (it would wait forever)."""
+
+    def timed_out(*args):
+        raise TimeoutError("the inner call waited for the waiting thread")
+
+    box = []
+    old = signal.signal(signal.SIGALRM, timed_out)
+    signal.alarm(20)
+    try:
+        cores.wait_aside(lambda: cores.wait_aside(box.append, threading.get_native_id()))
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+    assert box and box[0] != threading.get_native_id()
