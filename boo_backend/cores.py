@@ -8,7 +8,7 @@ This module is a leaf: it imports nothing else from boo_backend.
   `hint_wait_policy` says once how to avoid it, and `after_torch_work` leaves the threads as
   an ATen kernel does, for the calls that time IREE's drivers (runtime._ROUNDS).
 - The thread that calls IREE spins while it waits for the workers: `wait_aside` makes the
-  call from a thread that yields its core to them.
+  call from a thread whose wake-up does not take a core from them.
 """
 
 from __future__ import annotations
@@ -94,13 +94,23 @@ def hint_wait_policy() -> None:
 # layer-norm + GELU backward of bench/steps.py (4096 x 1024) took 3.5, 5.8, 8.0 or 10.3 ms
 # called back to back (median 6.0), and the calling thread used a third of a core.
 #
-# So the call is made from a thread of Linux's SCHED_IDLE policy, which never takes a core
-# from a running thread; the caller blocks on a lock (no spin) until it is done. The same
-# backward: median 3.9 ms, 3.3-5 ms, the waiting thread 0.4% of a core. The thread hand-off
-# costs about 10 us a call. A niced thread helps less (the ln_gelu step, paired with the
-# direct call: SCHED_IDLE 1.53x, nice 19 1.45x, nice 10 1.31x, nice 5 1.25x). The cost: while
-# other processes keep every core busy, the waiting thread runs last, so each call's end waits
-# for a free core (BOO_CPU_DRIVER=local-sync runs every call on the caller instead).
+# So the call is made from a thread of Linux's SCHED_BATCH policy, whose wake-up never
+# preempts a running thread (it waits for the scheduler's tick or a free core), at the same
+# share of the CPU as any other; the caller blocks on a lock (no spin) until it is done. The
+# same backward with a SCHED_IDLE thread: median 3.9 ms, 3.3-5 ms; the thread hand-off costs
+# about 10 us a call. The ln_gelu step of bench/steps.py, local-task forced, one process per
+# policy (ms, median of 40-60 steps, two runs each):
+#
+# | beside it              | the caller calls | SCHED_BATCH | SCHED_IDLE |
+# |------------------------|------------------|-------------|------------|
+# | nothing                | 8.0, 9.6         | 6.1, 6.0    | 6.0, 6.1   |
+# | one busy process       | 12.0, 11.9       | 11.8, 9.9   | 9.7, 7.6   |
+# | two (every core busy)  | 17.9, 16.0       | 20.5, 24.3  | 36.0, 36.0 |
+#
+# SCHED_IDLE's thread runs only when nothing else wants a core, so with every core busy it
+# starved; a niced thread helped less on a quiet machine (paired with the caller's own call:
+# SCHED_IDLE 1.53x, nice 19 1.45x, nice 10 1.31x, nice 5 1.25x). SCHED_BATCH's cost with every
+# core busy is the wait for a tick at each call's end.
 
 
 class _Waiter:
@@ -111,20 +121,20 @@ class _Waiter:
         self.pid = os.getpid()
         self.calls: queue.SimpleQueue = queue.SimpleQueue()
         self.ready = threading.Event()
-        self.idle = False
+        self.batch = False
         self.thread = threading.Thread(target=self._serve, name="boo-wait", daemon=True)
         self.thread.start()
         self.ready.wait()
 
     def _serve(self) -> None:
         try:
-            os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
-            self.idle = True
+            os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
+            self.batch = True
         except (AttributeError, OSError) as e:  # not Linux, or refused
-            log.debug("boo: no SCHED_IDLE thread for IREE's local-task calls (%s); the caller waits", e)
+            log.debug("boo: no SCHED_BATCH thread for IREE's local-task calls (%s); the caller waits", e)
         _name_thread(b"boo-wait")
         self.ready.set()
-        if not self.idle:
+        if not self.batch:
             return
         while True:
             fn, args, done, failed = self.calls.get()
@@ -161,7 +171,7 @@ _waiter_lock = threading.Lock()
 
 def wait_aside(fn, *args) -> None:
     """fn(*args) (a synchronous local-task call: IREE's workers do its work) run on the
-    waiting thread while the caller blocks; fn's exception is raised here. Where no SCHED_IDLE
+    waiting thread while the caller blocks; fn's exception is raised here. Where no SCHED_BATCH
     thread can be had (or the waiting thread itself calls), the caller runs it."""
     global _waiter
     waiter = _waiter
@@ -170,7 +180,7 @@ def wait_aside(fn, *args) -> None:
             if _waiter is None or _waiter.pid != os.getpid():
                 _waiter = _Waiter()
             waiter = _waiter
-    if not waiter.idle or threading.current_thread() is waiter.thread:
+    if not waiter.batch or threading.current_thread() is waiter.thread:
         fn(*args)
         return
     waiter.call(fn, *args)
