@@ -131,7 +131,7 @@ class _Waiter:
             os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
             self.batch = True
         except (AttributeError, OSError) as e:  # not Linux, or refused
-            log.debug("boo: no SCHED_BATCH thread for IREE's local-task calls (%s); the caller waits", e)
+            log.debug("boo: no SCHED_BATCH thread for IREE's local-task calls (%s); the caller makes them", e)
         _name_thread(b"boo-wait")
         self.ready.set()
         if not self.batch:
