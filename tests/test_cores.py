@@ -110,3 +110,29 @@ def test_a_call_made_from_inside_a_waited_call_runs_there():
         signal.alarm(0)
         signal.signal(signal.SIGALRM, old)
     assert box and box[0] != threading.get_native_id()
+
+
+def test_calls_from_several_threads_at_once_each_get_their_own_results():
+    """Local-task calls of several Python threads queue on the one waiting thread; each gets
+    its own results, none waits forever."""
+    boo_backend.reset()
+    compiled = torch.compile(_gelu_scale, backend="boo", options={"cpu_driver": "local-task"})
+    torch.manual_seed(1)
+    inputs = [(torch.randn(37, 70), torch.randn(70)) for _ in range(4)]
+    compiled(*inputs[0])  # compile once, on this thread
+    outs: dict[int, list] = {}
+
+    def work(k):
+        x, w = inputs[k]
+        outs[k] = [compiled(x, w) for _ in range(15)]
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(len(inputs))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not any(t.is_alive() for t in threads), "a thread's call never returned"
+    for k, (x, w) in enumerate(inputs):
+        assert len(outs[k]) == 15
+        for out in outs[k]:
+            assert_close(out, _gelu_scale(x, w))
