@@ -208,7 +208,7 @@ class CompiledGraph(Assembly):
             self._variants[missing] = variant
             log.debug("boo: %s graph %s: tangents %s were not made (outputs no one differentiated); "
                       "running %s, where they are zeros", self.kind, self.name, list(missing), variant.name)
-        present = [a for a in args if a is not None]
+        present = [a for i, a in enumerate(args) if i not in missing]  # other Nones (effect tokens) stay
         if isinstance(args, list):
             args.clear()  # the saved tensors go as the graph lets go of them, as in a call of its own
         return variant(present)
