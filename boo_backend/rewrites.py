@@ -1,6 +1,6 @@
 """Pre-lowering rewrites: ATen calls that IREE 3.13 or torch-mlir get wrong, compile forever,
 or crash on, rewritten into ATen calls they get right. Imports only arith (integer and
-float division, remainders, shifts), f64 (float64 math), halves (f16/bf16 accumulated in
+float division, remainders, shifts), convolutions (convolutions IREE fails to compile), f64 (float64 math), halves (f16/bf16 accumulated in
 f32), nans (NaN that torch-mlir's lowerings drop), refusals (calls eager refuses), pooling
 and symbolic, all leaves.
 
@@ -17,6 +17,7 @@ import sympy
 import torch
 
 from .arith import ARITH_REWRITES, INT8_REWRITES, _first_of
+from .convolutions import CONV_REWRITES
 from .halves import HALF_REWRITES, _accumulate_in_f32, _is_half
 from .f64 import F64_REWRITES, IN_F64, _negative
 from .nans import NAN_REWRITES, _inner, _nested
@@ -303,27 +304,6 @@ def _as_strided_as_view(x, size, stride, storage_offset=None):
     return aten.view.default(x, list(size))
 
 
-def _short_conv_lists(grad, x, weight, bias_sizes, stride, padding, dilation, *args, **kwargs) -> bool:
-    """A convolution_backward whose stride, padding or dilation holds one entry for several
-    spatial dims (`padding="valid"` gives [0])."""
-    spatial = weight.dim() - 2
-    return spatial > 1 and any(len(v) == 1 for v in (stride, padding, dilation))
-
-
-def _conv_backward_full_lists(grad, x, weight, bias_sizes, stride, padding, dilation, transposed,
-                              output_padding, groups, output_mask):
-    """convolution_backward with one stride, padding and dilation entry per spatial dim:
-    torch-mlir's lowering reads past a one-entry list with symbolic sizes, and iree-compile
-    crashed (EfficientNet's `padding="valid"` convolutions; their backward compiled once per
-    shape)."""
-    if not _short_conv_lists(grad, x, weight, bias_sizes, stride, padding, dilation):
-        return NotImplemented
-    spatial = weight.dim() - 2
-    full = [list(v) * spatial if len(v) == 1 else list(v) for v in (stride, padding, dilation, output_padding)]
-    return aten.convolution_backward.default(grad, x, weight, bias_sizes, *full[:3], transposed, full[3], groups,
-                                             output_mask)
-
-
 def _var_of_nothing(op):
     """var/std over zero elements is NaN (0/0 in eager); IREE's lowering gives -0.0."""
 
@@ -493,7 +473,7 @@ def _merged(*tables: dict) -> dict:
 # op: (when a call needs the rewrite, the rewrite). Each rewrite also returns NotImplemented
 # for calls it leaves alone, because make_fx applies the whole table once any call needs it.
 _REWRITES = _merged(REFUSAL_REWRITES, INT8_REWRITES, F64_REWRITES, IN_F64, NAN_REWRITES, ARITH_REWRITES,
-                    HALF_REWRITES, {
+                    HALF_REWRITES, *CONV_REWRITES, {
     aten.atan2.default: (lambda *a, **k: True, _atan2),
     aten.mul.Tensor: (_squares, _square_as_pow),
     aten.log10.default: (_not_f64, _log10),
@@ -517,7 +497,6 @@ _REWRITES = _merged(REFUSAL_REWRITES, INT8_REWRITES, F64_REWRITES, IN_F64, NAN_R
     aten.split_with_sizes.default: (_symbolic, _split_as_slices),
     aten.view.dtype: (_resizes_a_symbolic_row, _dtype_view_by_whole_elements),
     aten.as_strided.default: (_only_reshapes, _as_strided_as_view),
-    aten.convolution_backward.default: (_short_conv_lists, _conv_backward_full_lists),
 
     aten.mm.default: (_contracts_nothing, _empty_contraction(aten.mm.default)),
     aten.bmm.default: (_contracts_nothing, _empty_contraction(aten.bmm.default)),
