@@ -1,7 +1,9 @@
 """The net under dynamic modules: calls checked against eager by the verify policy
 (BOO_VERIFY: auto, all, off), and a module wrong at a later size caught at that size."""
 
+import copy
 import dataclasses
+from collections import Counter
 import logging
 
 import pytest
@@ -33,9 +35,9 @@ def _count_checks(monkeypatch) -> list:
     calls = []
     real = verify.disagreement
 
-    def counted(gm, args, outputs):
+    def counted(gm, args, outputs, **kwargs):
         calls.append([tuple(a.shape) for a in args if isinstance(a, torch.Tensor)])
-        return real(gm, args, outputs)
+        return real(gm, args, outputs, **kwargs)
 
     monkeypatch.setattr(verify, "disagreement", counted)
     return calls
@@ -102,3 +104,79 @@ def test_a_float32_result_of_bfloat16_work_is_checked_at_bfloat16s_tolerance():
         said = verify.disagreement(gm, [x, w], [off])
         assert said is None if verdict is None else verdict in said, said
     assert "differs" in verify.disagreement(mixed, [x, w], [mixed(x, w) * 1.2])
+
+
+def _batch_norm_graphs():
+    """The forward and backward of batch norm on bf16 input with float32 weights, as
+    AOTAutograd traces them under autocast: torch's meta function gives bf16 statistics,
+    eager's kernel float32 ones."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    aten = torch.ops.aten
+    g = torch.Generator().manual_seed(0)
+    x = (torch.randn(3, 8, 5, 7, generator=g) * 2 + 1).bfloat16()
+    w, b = torch.rand(8, generator=g) + 0.5, torch.randn(8, generator=g)
+    rm, rv = torch.randn(8, generator=g) * 0.1, torch.rand(8, generator=g) + 0.5
+
+    def forward(x, w, b, rm, rv):
+        return aten._native_batch_norm_legit_functional.default(x, w, b, rm, rv, True, 0.1, 1e-5)
+
+    def backward(grad, x, w, rm, rv, mean, rstd):
+        return aten.native_batch_norm_backward.default(grad, x, w, rm, rv, mean, rstd, True, 1e-5, [True] * 3)
+
+    fwd = make_fx(forward, tracing_mode="fake")(x, w, b, rm, rv)
+    declared = [n.meta["val"].dtype for n in next(n for n in fwd.graph.nodes if n.op == "output").args[0]]
+    eager = forward(x, w, b, rm, rv)
+    mean, rstd = (t.to(torch.bfloat16) for t in eager[1:3])  # in the graph's dtype
+    grad = torch.randn(x.shape, generator=g).bfloat16()
+    bwd = make_fx(backward, tracing_mode="fake")(grad, x, w, rm, rv, mean, rstd)
+    return (fwd, [x, w, b, rm, rv], declared, eager), (bwd, [grad, x, w, rm, rv, mean, rstd])
+
+
+def test_batch_norm_statistics_in_the_graphs_dtype_are_checked_in_it():
+    """A module that gives batch norm's statistics in the graph's dtype (bf16) agrees with
+    eager's float32 ones; one a step of bf16 away does not."""
+    (fwd, args, declared, eager), _ = _batch_norm_graphs()
+    assert declared[1:3] == [torch.bfloat16] * 2 and eager[1].dtype == torch.float32, (declared, eager[1].dtype)
+    ours = [t.to(d) for t, d in zip(eager, declared)]
+    verifier = verify.Verifier(fwd, "all")
+    assert verifier.check(("a",), args, ours, Counter()) is None
+    ours[1] = ours[1] + 0.1 * ours[1].abs().max()
+    assert "differs" in verifier.check(("b",), args, ours, Counter())
+
+
+def test_a_graph_eager_cannot_run_is_not_checked_and_says_so():
+    """The backward of that batch norm takes bf16 statistics with float32 weights, which
+    eager's kernel refuses: the check says it cannot check (the caller then compiles per
+    shape) rather than raising into the user's program."""
+    _, (bwd, args) = _batch_norm_graphs()
+    with pytest.raises(RuntimeError):
+        bwd(*args)
+    said = verify.Verifier(bwd, "all").check(("a",), args, [torch.zeros(1)] * 3, Counter())
+    assert "cannot be checked" in said, said
+
+
+def test_batch_norm_under_autocast_at_several_batch_sizes():
+    """A CNN trained under bf16 autocast: its second batch size compiles dynamic modules,
+    whose check met a backward that eager cannot run as traced (it raised RuntimeError:
+    mixed dtype). Each size's loss, output and running statistics are eager's."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.BatchNorm2d(8), torch.nn.ReLU(),
+                                torch.nn.Conv2d(8, 8, 3, stride=2, padding=1), torch.nn.BatchNorm2d(8),
+                                torch.nn.ReLU(), torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(8, 5))
+    ref = copy.deepcopy(model)
+    run = torch.compile(model, backend="boo")
+    boo_backend.reset()
+    for batch in (2, 3, 5):
+        x = torch.randn(batch, 3, 12, 12, generator=torch.Generator().manual_seed(batch))
+        outs = []
+        for m in (run, ref):
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                out = m(x)
+            out.float().square().mean().backward()
+            outs.append(out)
+        assert_close(outs[0], outs[1], f"output at batch {batch}", rtol=5e-2, atol=5e-2)
+        for (name, a), b in zip(model.named_buffers(), ref.buffers()):
+            assert_close(a, b, f"{name} at batch {batch}", rtol=1e-2, atol=1e-2)
+    placed = boo_backend.placements()
+    assert all(p.island == 0 and not p.recovered for p in placed), [p.line() for p in placed]
