@@ -69,10 +69,15 @@ def ceil_mode_avg_pool(nd: int, x, kernel_size, stride=(), padding=0, ceil_mode=
     # ATen's output size: rounded up, less a last window that would start in the padding
     out = [torch.sym_min((n + 2 * pi - ki + st - 1) // st + 1, (n + pi - 1) // st + 1)
            for n, ki, st, pi in zip(size, k, s, p)]
-    extra = [torch.sym_max((o - 1) * st + ki - n - 2 * pi, 0) for o, n, ki, st, pi in zip(out, size, k, s, p)]
+    # A window is cut to the padded input's length where it is longer (EfficientNet's pooler:
+    # a 2560-wide window with ceil_mode over 1 x 1 planes, which padded to 2560 x 2560 asked
+    # for 134 GB): each window starts at or after -p, so it still reaches the input's end,
+    # and the sums are the same. Symbolic sizes keep the kernel (it must be a constant).
+    cut = [min(ki, n + 2 * pi) if isinstance(n, int) else ki for n, ki, pi in zip(size, k, p)]
+    extra = [torch.sym_max((o - 1) * st + ki - n - 2 * pi, 0) for o, n, ki, st, pi in zip(out, size, cut, s, p)]
     padded = aten.constant_pad_nd.default(xf, _far_pads(extra), 0.0)
     pool = aten.avg_pool2d.default if nd == 2 else aten.avg_pool3d.default
-    sums = pool(padded, list(k), list(s), list(p), False, True) * math.prod(k)
+    sums = pool(padded, cut, list(s), list(p), False, True) * math.prod(cut)
     sums = sums[(slice(None), slice(None)) + tuple(slice(0, o) for o in out)]
     if divisor_override:
         avg = sums / divisor_override

@@ -98,3 +98,25 @@ def test_square_images_are_one_module_forward_and_backward(pool, monkeypatch):
     placed = boo_backend.placements()
     assert {p.kind for p in placed} == {"forward", "backward"} and all(p.dynamic for p in placed), \
         [p.line() for p in placed]
+
+
+def test_a_window_thousands_wide_over_a_small_plane():
+    """EfficientNet's pooler: a window as wide as its 2560 channels, with ceil_mode, over the
+    1 x 1 planes of a 32 x 32 image. ceil_mode's padding to the window's size asked IREE for
+    134 GB (RESOURCE_EXHAUSTED); the window is cut to the plane. The second batch size runs
+    with a symbolic batch, the plane's sizes still known."""
+    fn = lambda x: F.avg_pool2d(x, 2560, ceil_mode=True)  # noqa: E731
+    boo_backend.reset()
+    run = torch.compile(fn, backend="boo")
+    for shape in ((2, 2560, 1, 1), (3, 2560, 1, 1), (2, 96, 2, 3)):
+        g = torch.Generator().manual_seed(sum(shape))
+        x = torch.randn(shape, generator=g).requires_grad_()
+        x64 = x.detach().double().requires_grad_()
+        ours, ref = run(x), fn(x64)
+        grad = torch.randn(ref.shape, generator=g)
+        (dx,) = torch.autograd.grad(ours, x, grad)
+        (dx64,) = torch.autograd.grad(ref, x64, grad.double())
+        close_to_scale(ours, ref.float(), f"forward at {shape}", rel=1e-5)
+        close_to_scale(dx, dx64.float(), f"backward at {shape}", rel=1e-5)
+    placed = boo_backend.placements()
+    assert placed and not any(p.island_ops or p.recovered for p in placed), [p.line() for p in placed]
