@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import boo_backend
-from util import close_to_scale
+from util import layer_like_float64
 
 CASES = [
     (1, dict(in_channels=4, out_channels=6, kernel_size=3, stride=2, padding=1, output_padding=1), (2, 4, 9)),
@@ -28,19 +28,8 @@ def test_conv_transpose_forward_and_backward(dim, kwargs, shape, dtype):
     layer = CLASSES[dim](**kwargs).to(dtype)
     ref = CLASSES[dim](**kwargs).double()
     ref.load_state_dict(layer.state_dict())
-    x = torch.randn(shape).to(dtype).requires_grad_()
-    x64 = x.detach().double().requires_grad_()
     boo_backend.reset()
-    out = torch.compile(layer, backend="boo")(x)
-    expected = ref(x64)
-    g = torch.randn(expected.shape, dtype=torch.float64)
-    out.backward(g.to(dtype))
-    expected.backward(g)
-    rel = 1e-4 if dtype == torch.float32 else 2e-2
-    close_to_scale(out.double(), expected, "output", rel=rel)
-    close_to_scale(x.grad.double(), x64.grad, "input grad", rel=rel)
-    for name, p in layer.named_parameters():
-        close_to_scale(p.grad.double(), dict(ref.named_parameters())[name].grad, f"{name} grad", rel=rel)
+    layer_like_float64(layer, ref, torch.compile(layer, backend="boo"), torch.randn(shape), dtype)
     placed = boo_backend.placements()
     assert {"forward", "backward"} <= {p.kind for p in placed}
     assert all(p.island == 0 for p in placed), [p.line() for p in placed]

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import boo_backend
-from util import close_to_scale
+from util import layer_like_float64
 
 CLASSES = {1: torch.nn.Conv1d, 2: torch.nn.Conv2d, 3: torch.nn.Conv3d}
 CASES = [
@@ -27,24 +27,6 @@ CASES = [
 ]
 
 
-def _check(layer, ref, x, dtype):
-    x = x.to(dtype).requires_grad_()
-    x64 = x.detach().double().requires_grad_()
-    out = torch.compile(layer, backend="boo")(x)
-    expected = ref(x64)
-    g = torch.randn(expected.shape, dtype=torch.float64)
-    out.backward(g.to(dtype))
-    expected.backward(g)
-    rel = 1e-4 if dtype == torch.float32 else 2e-2
-    close_to_scale(out.double(), expected, "output", rel=rel)
-    close_to_scale(x.grad.double(), x64.grad, "input grad", rel=rel)
-    for name, p in layer.named_parameters():
-        close_to_scale(p.grad.double(), dict(ref.named_parameters())[name].grad, f"{name} grad", rel=rel)
-        p.grad = None
-    for p in ref.parameters():
-        p.grad = None
-
-
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("dim, kwargs, shape", CASES, ids=[f"case{i}" for i in range(len(CASES))])
 def test_lone_window_forward_and_backward(dim, kwargs, shape, dtype):
@@ -53,7 +35,7 @@ def test_lone_window_forward_and_backward(dim, kwargs, shape, dtype):
     ref = CLASSES[dim](**kwargs).double()
     ref.load_state_dict(layer.state_dict())
     boo_backend.reset()
-    _check(layer, ref, torch.randn(shape), dtype)
+    layer_like_float64(layer, ref, torch.compile(layer, backend="boo"), torch.randn(shape), dtype)
     placed = boo_backend.placements()
     assert {"forward", "backward"} <= {p.kind for p in placed}
     assert all(p.island == 0 and not p.recovered for p in placed), [p.line() for p in placed]
@@ -69,7 +51,8 @@ def test_lone_window_with_another_batch():
                               torch.nn.Conv2d(8, 8, 3, stride=2, padding=1, groups=2)).double()
     ref.load_state_dict(model.state_dict())
     boo_backend.reset()
+    run = torch.compile(model, backend="boo")
     for batch in (2, 3, 5):
-        _check(model, ref, torch.randn(batch, 3, 3, 3), torch.float32)
+        layer_like_float64(model, ref, run, torch.randn(batch, 3, 3, 3), torch.float32)
     placed = boo_backend.placements()
     assert all(p.island == 0 and not p.recovered for p in placed), [p.line() for p in placed]

@@ -86,15 +86,7 @@ def test_square_images_are_one_module_forward_and_backward(pool, monkeypatch):
     run = torch.compile(fn, backend="boo", dynamic=True)
     for side in (16, 37, 70, 131) if pool == "avg" else (6, 9, 14):
         shape = (2, 4, side, side) if pool == "avg" else (2, 3, side, side, side)
-        g = torch.Generator().manual_seed(side)
-        x = torch.randn(shape, generator=g).requires_grad_()
-        x64 = x.detach().double().requires_grad_()
-        ours, ref = run(x), fn(x64)
-        grad = torch.randn(ref.shape, generator=g)
-        (dx,) = torch.autograd.grad(ours, x, grad)
-        (dx64,) = torch.autograd.grad(ref, x64, grad.double())
-        close_to_scale(ours, ref.float(), f"{pool} forward at {side}", rel=1e-5)
-        close_to_scale(dx, dx64.float(), f"{pool} backward at {side}", rel=1e-5)
+        _like_float64(run, fn, shape, side, f"{pool} at {side}")
     placed = boo_backend.placements()
     assert {p.kind for p in placed} == {"forward", "backward"} and all(p.dynamic for p in placed), \
         [p.line() for p in placed]
@@ -109,14 +101,20 @@ def test_a_window_thousands_wide_over_a_small_plane():
     boo_backend.reset()
     run = torch.compile(fn, backend="boo")
     for shape in ((2, 2560, 1, 1), (3, 2560, 1, 1), (2, 96, 2, 3)):
-        g = torch.Generator().manual_seed(sum(shape))
-        x = torch.randn(shape, generator=g).requires_grad_()
-        x64 = x.detach().double().requires_grad_()
-        ours, ref = run(x), fn(x64)
-        grad = torch.randn(ref.shape, generator=g)
-        (dx,) = torch.autograd.grad(ours, x, grad)
-        (dx64,) = torch.autograd.grad(ref, x64, grad.double())
-        close_to_scale(ours, ref.float(), f"forward at {shape}", rel=1e-5)
-        close_to_scale(dx, dx64.float(), f"backward at {shape}", rel=1e-5)
+        _like_float64(run, fn, shape, sum(shape), f"at {shape}")
     placed = boo_backend.placements()
     assert placed and not any(p.island_ops or p.recovered for p in placed), [p.line() for p in placed]
+
+
+def _like_float64(run, fn, shape, seed, what):
+    """`run` (compiled `fn`) on a random float32 input of `shape`, forward and backward,
+    against `fn` in float64."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(shape, generator=g).requires_grad_()
+    x64 = x.detach().double().requires_grad_()
+    ours, ref = run(x), fn(x64)
+    grad = torch.randn(ref.shape, generator=g)
+    (dx,) = torch.autograd.grad(ours, x, grad)
+    (dx64,) = torch.autograd.grad(ref, x64, grad.double())
+    close_to_scale(ours, ref.float(), f"{what} forward", rel=1e-5)
+    close_to_scale(dx, dx64.float(), f"{what} backward", rel=1e-5)

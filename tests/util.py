@@ -82,3 +82,23 @@ def close_to_scale(ours, ref, what, rel=1e-4, floor=1e-7):
     err = (ours.double() - ref.double()).abs().max().item() if ref.numel() else 0.0
     bound = rel * (ref.double().abs().max().item() if ref.numel() else 0.0) + floor
     assert err <= bound, f"{what}: largest error {err:.3g} > {bound:.3g} (ours | torch differ)"
+
+
+def layer_like_float64(layer, ref, run, x, dtype):
+    """`run` (the compiled `layer`) on `x` in `dtype`, forward and backward, against `ref` (the
+    same layer in float64): the output, the input's gradient and each parameter's gradient
+    within `dtype`'s share of the reference's scale. Clears the gradients it made."""
+    x = x.to(dtype).requires_grad_()
+    x64 = x.detach().double().requires_grad_()
+    out = run(x)
+    expected = ref(x64)
+    g = torch.randn(expected.shape, dtype=torch.float64)
+    out.backward(g.to(dtype))
+    expected.backward(g)
+    rel = 1e-4 if dtype == torch.float32 else 2e-2
+    close_to_scale(out.double(), expected, "output", rel=rel)
+    close_to_scale(x.grad.double(), x64.grad, "input grad", rel=rel)
+    theirs = dict(ref.named_parameters())
+    for name, p in layer.named_parameters():
+        close_to_scale(p.grad.double(), theirs[name].grad, f"{name} grad", rel=rel)
+        p.grad = theirs[name].grad = None
